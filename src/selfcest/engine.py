@@ -1,0 +1,265 @@
+"""Generation engines: one interface, a transformers implementation for CPU and a vLLM one for GPUs.
+
+The runtime only speaks `GenerationEngine`: a batch of token-id prompts in, one continuation per
+request out, each request with its own `max_new_tokens` and stop strings. Requests in one call are
+generated together (that is what makes clones cheap), in micro-batches bounded by `max_batch_size`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
+
+from selfcest.tokenizer import stop_token_ids
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    """Hard cap on generated tokens for this request alone (>= 1)."""
+    stop_strings: tuple[str, ...] = ()
+    """Generation ends once the decoded continuation contains one of these (kept in the output)."""
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    """Generated tokens, including the stop token when one ended the turn."""
+    text: str
+    """Decoded `token_ids` without special tokens, the text a parser reads."""
+    finish_reason: FinishReason
+    """`stop`: an end-of-turn token or stop string; `length`: `max_new_tokens` ran out."""
+    logprobs: list[float] | None = None
+    """Log-probability of each generated token under the sampling distribution (logits / temperature)."""
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0
+    """0 means greedy decoding."""
+    top_p: float = 1.0
+    seed: int = 0
+    """Seeds sampling; the same batch with the same seed gives the same tokens."""
+    return_logprobs: bool = False
+
+
+class GenerationEngine(Protocol):
+    tokenizer: PreTrainedTokenizerBase
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
+    ) -> list[GenerationResult]:
+        """Generate one continuation per request, in the order given."""
+        ...
+
+
+@dataclass
+class EngineStats:
+    """What an engine did, for tests and benchmarks (e.g. that clones of all roots shared a batch)."""
+
+    calls: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+    generated_tokens: int = 0
+
+
+class _PerRowMaxNewTokens(StoppingCriteria):
+    """Stops each row at its own budget: `generate` only takes one `max_new_tokens` for the batch."""
+
+    def __init__(self, prompt_length: int, max_new_tokens: torch.Tensor) -> None:
+        self.prompt_length = prompt_length
+        self.max_new_tokens = max_new_tokens
+
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: object
+    ) -> torch.BoolTensor:
+        generated = input_ids.shape[1] - self.prompt_length
+        return (generated >= self.max_new_tokens).to(input_ids.device)  # type: ignore[return-value]
+
+
+class TransformersEngine:
+    """Batched, KV-cached, left-padded generation with `PreTrainedModel.generate` (CPU or GPU).
+
+    Per-request budgets and stop strings are handled with per-row stopping criteria, which
+    `generate` supports natively (finished rows are padded while the others continue).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_batch_size: int = 64,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.stop_ids = stop_token_ids(tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+        self.stats = EngineStats()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
+    ) -> list[GenerationResult]:
+        if not requests:
+            return []
+        self.stats.calls += 1
+        self.stats.batch_sizes.append(len(requests))
+        # Sort by prompt length so that micro-batches waste little padding; keep the caller's order.
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
+        results: list[GenerationResult | None] = [None] * len(requests)
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for index in order:
+            groups.setdefault(tuple(requests[index].stop_strings), []).append(index)
+        for stop_strings, indices in groups.items():
+            for start in range(0, len(indices), self.max_batch_size):
+                chunk = indices[start : start + self.max_batch_size]
+                outputs = self._generate_batch([requests[i] for i in chunk], stop_strings, sampling)
+                for index, output in zip(chunk, outputs, strict=True):
+                    results[index] = output
+        finished = [r for r in results if r is not None]
+        assert len(finished) == len(requests)
+        self.stats.generated_tokens += sum(len(r.token_ids) for r in finished)
+        return finished
+
+    @torch.no_grad()
+    def _generate_batch(
+        self, requests: list[GenerationRequest], stop_strings: tuple[str, ...], sampling: SamplingConfig
+    ) -> list[GenerationResult]:
+        for request in requests:
+            if request.max_new_tokens < 1:
+                raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
+            if not request.prompt_ids:
+                raise ValueError("empty prompt")
+        width = max(len(r.prompt_ids) for r in requests)
+        input_ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, request in enumerate(requests):
+            input_ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
+            attention_mask[row, width - len(request.prompt_ids) :] = 1
+        budgets = torch.tensor([r.max_new_tokens for r in requests], dtype=torch.long)
+        criteria = StoppingCriteriaList([_PerRowMaxNewTokens(width, budgets.to(self.device))])
+        do_sample = sampling.temperature > 0
+        kwargs: dict[str, object] = {
+            "max_new_tokens": int(budgets.max()),
+            "do_sample": do_sample,
+            "eos_token_id": self.stop_ids,
+            "pad_token_id": self.pad_id,
+            "stopping_criteria": criteria,
+            "return_dict_in_generate": True,
+            "output_logits": sampling.return_logprobs,
+        }
+        if do_sample:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        if stop_strings:
+            kwargs.update(stop_strings=list(stop_strings), tokenizer=self.tokenizer)
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            torch.manual_seed(sampling.seed)
+            output = self.model.generate(
+                input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **kwargs
+            )
+        generated = output.sequences[:, width:].cpu()
+        logprobs = None
+        if sampling.return_logprobs:
+            temperature = sampling.temperature if do_sample else 1.0
+            step_logits = torch.stack(output.logits, dim=1).float().cpu() / temperature
+            logprobs = torch.log_softmax(step_logits, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
+        results = []
+        for row, request in enumerate(requests):
+            tokens = generated[row].tolist()
+            length, reason = self._finished_length(tokens, request.max_new_tokens, stop_strings)
+            tokens = tokens[:length]
+            results.append(
+                GenerationResult(
+                    token_ids=tokens,
+                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                    finish_reason=reason,
+                    logprobs=logprobs[row, :length].tolist() if logprobs is not None else None,
+                )
+            )
+        return results
+
+    def _finished_length(
+        self, tokens: list[int], max_new_tokens: int, stop_strings: tuple[str, ...]
+    ) -> tuple[int, FinishReason]:
+        """Where this row really stopped: `generate` pads finished rows up to the longest row."""
+        limit = min(len(tokens), max_new_tokens)
+        for position in range(limit):
+            if tokens[position] in self.stop_ids:
+                return position + 1, "stop"
+        if stop_strings:
+            for position in range(1, limit + 1):
+                text = self.tokenizer.decode(tokens[:position], skip_special_tokens=False)
+                if any(stop in text for stop in stop_strings):
+                    return position, "stop"
+        return limit, "length"
+
+
+class VLLMEngine:
+    """The same interface on vLLM (paper profile, GPUs). Install with the `gpu` extra.
+
+    Not exercised by the CPU test suite: vLLM needs a GPU.
+    """
+
+    def __init__(self, model_path: str, tokenizer: PreTrainedTokenizerBase, **llm_kwargs: object) -> None:
+        from vllm import LLM  # imported lazily: vLLM is an optional GPU dependency
+
+        self.tokenizer = tokenizer
+        self.llm = LLM(model=model_path, tokenizer=model_path, **llm_kwargs)
+        self.stop_ids = stop_token_ids(tokenizer)
+        self.stats = EngineStats()
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
+    ) -> list[GenerationResult]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not requests:
+            return []
+        self.stats.calls += 1
+        self.stats.batch_sizes.append(len(requests))
+        params = [
+            SamplingParams(
+                max_tokens=r.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
+                seed=sampling.seed + i,
+                stop=list(r.stop_strings) or None,
+                include_stop_str_in_output=True,
+                stop_token_ids=self.stop_ids,
+                logprobs=0 if sampling.return_logprobs else None,
+                skip_special_tokens=True,
+            )
+            for i, r in enumerate(requests)
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        results = []
+        for output in outputs:
+            completion = output.outputs[0]
+            token_ids = list(completion.token_ids)
+            logprobs = None
+            if sampling.return_logprobs and completion.logprobs is not None:
+                logprobs = [
+                    step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)
+                ]
+            reason: FinishReason = "length" if completion.finish_reason == "length" else "stop"
+            results.append(GenerationResult(token_ids, completion.text, reason, logprobs))
+        self.stats.generated_tokens += sum(len(r.token_ids) for r in results)
+        return results

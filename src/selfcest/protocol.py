@@ -1,0 +1,255 @@
+"""The `spawn_clone` protocol: parsing tool calls out of untrusted model text, answers, tool responses.
+
+Everything here treats model output as hostile: parsing never raises and never evaluates code,
+works in time bounded by `MAX_CALL_CHARS`, and records what it could not use as protocol errors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import json_repair
+from transformers import PreTrainedTokenizerBase
+
+from selfcest.prompts import ANSWER_MARKER
+
+TOOL_NAME = "spawn_clone"
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+MAX_CALL_CHARS = 16_384
+"""A tool call longer than this is rejected unparsed: it bounds the work of the JSON repairer."""
+MAX_SCAN_CHARS = 262_144
+"""Only this much of a turn is scanned for tool calls."""
+MAX_TASK_CHARS = 4_096
+_CALL_PATTERN = re.compile(
+    re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|\Z)", re.S
+)
+
+
+@dataclass
+class Objective:
+    """One clone's assignment as the root asked for it (budgets are granted later by the runtime)."""
+
+    task: str
+    context: list[str] = field(default_factory=list)
+    max_tokens: int | None = None
+
+
+@dataclass
+class ToolCall:
+    objectives: list[Objective]
+    repaired: bool = False
+    """True when the JSON had to be repaired before it parsed (penalised in the reward)."""
+
+
+@dataclass
+class ProtocolError:
+    kind: str
+    detail: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class ParsedTurn:
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[ProtocolError] = field(default_factory=list)
+
+    @property
+    def repairs(self) -> int:
+        return sum(call.repaired for call in self.calls)
+
+
+def parse_tool_calls(
+    text: str,
+    *,
+    max_calls: int,
+    max_objectives: int,
+    known_context_keys: Iterable[str] | None = None,
+) -> ParsedTurn:
+    """Every `spawn_clone` call in one assistant turn, up to the limits; never raises.
+
+    Calls beyond `max_calls` and objectives beyond `max_objectives` are dropped with a recorded
+    error. Context keys not in `known_context_keys` (when given) are dropped with an error too.
+    """
+    result = ParsedTurn()
+    try:
+        _parse_into(result, str(text)[:MAX_SCAN_CHARS], max_calls, max_objectives, known_context_keys)
+    except Exception as error:  # noqa: BLE001 - the parser's contract is that model text never raises
+        result.errors.append(ProtocolError("parser_error", f"{type(error).__name__}: {error}"[:200]))
+    return result
+
+
+def _parse_into(
+    result: ParsedTurn,
+    text: str,
+    max_calls: int,
+    max_objectives: int,
+    known_context_keys: Iterable[str] | None,
+) -> None:
+    known = set(known_context_keys) if known_context_keys is not None else None
+    bodies = [match.group(1) for match in _CALL_PATTERN.finditer(text)]
+    if len(bodies) > max_calls:
+        result.errors.append(ProtocolError("too_many_calls", f"{len(bodies)} calls, limit {max_calls}"))
+        bodies = bodies[:max_calls]
+    for body in bodies:
+        call = _parse_call(body.strip(), result.errors)
+        if call is None:
+            continue
+        if len(call.objectives) > max_objectives:
+            result.errors.append(
+                ProtocolError("too_many_clones", f"{len(call.objectives)} objectives, limit {max_objectives}")
+            )
+            call.objectives = call.objectives[:max_objectives]
+        if known is not None:
+            for objective in call.objectives:
+                unknown = [key for key in objective.context if key not in known]
+                if unknown:
+                    result.errors.append(ProtocolError("unknown_context_key", ", ".join(unknown)[:200]))
+                    objective.context = [key for key in objective.context if key in known]
+        if call.objectives:
+            result.calls.append(call)
+        else:
+            result.errors.append(ProtocolError("no_objectives", "call has no usable objective"))
+
+
+def _parse_call(body: str, errors: list[ProtocolError]) -> ToolCall | None:
+    if len(body) > MAX_CALL_CHARS:
+        errors.append(ProtocolError("call_too_long", f"{len(body)} characters"))
+        return None
+    repaired = False
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, RecursionError):
+        # json_repair is a maintained repairer for the truncated/unquoted JSON that LLMs emit.
+        try:
+            payload = json_repair.loads(body)
+        except Exception:  # noqa: BLE001
+            payload = None
+        repaired = True
+    if not isinstance(payload, dict):
+        errors.append(ProtocolError("invalid_json", body[:120]))
+        return None
+    name = payload.get("name")
+    if name != TOOL_NAME:
+        errors.append(ProtocolError("unknown_tool", str(name)[:80]))
+        return None
+    arguments = payload.get("arguments", {})
+    if isinstance(arguments, str):  # some models double-encode the arguments
+        try:
+            arguments = json.loads(arguments)
+        except (json.JSONDecodeError, RecursionError):
+            arguments = json_repair.loads(arguments)
+            repaired = True
+    if not isinstance(arguments, dict):
+        errors.append(ProtocolError("invalid_arguments", str(arguments)[:120]))
+        return None
+    objectives = _objectives(arguments, errors)
+    return ToolCall(objectives=objectives, repaired=repaired)
+
+
+def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[Objective]:
+    raw = arguments.get("objectives")
+    if raw is None:
+        errors.append(ProtocolError("missing_objectives", "arguments have no 'objectives'"))
+        return []
+    if not isinstance(raw, list):
+        raw = [raw]
+    # The release's `shared_context` applies one list of keys to every objective.
+    shared = _string_list(arguments.get("shared_context"))
+    objectives = []
+    for index, item in enumerate(raw):
+        if isinstance(item, str):
+            item = {"task": item}
+        if not isinstance(item, dict):
+            errors.append(ProtocolError("invalid_objective", f"objective {index} is {type(item).__name__}"))
+            continue
+        task = item.get("task", item.get("objective"))
+        if not isinstance(task, str | int | float) or not str(task).strip():
+            errors.append(ProtocolError("invalid_objective", f"objective {index} has no task"))
+            continue
+        max_tokens = item.get("max_tokens")
+        if max_tokens is not None:
+            try:
+                max_tokens = int(max_tokens)
+            except (TypeError, ValueError, OverflowError):
+                errors.append(
+                    ProtocolError("invalid_max_tokens", f"objective {index}: {str(max_tokens)[:40]}")
+                )
+                max_tokens = None
+        if max_tokens is not None and max_tokens < 1:
+            errors.append(ProtocolError("invalid_max_tokens", f"objective {index}: {max_tokens}"))
+            max_tokens = None
+        context = shared + [key for key in _string_list(item.get("context")) if key not in shared]
+        objectives.append(
+            Objective(task=str(task).strip()[:MAX_TASK_CHARS], context=context, max_tokens=max_tokens)
+        )
+    return objectives
+
+
+def _string_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str | int | float):
+        value = [value]
+    if not isinstance(value, list):
+        return []
+    return [str(v) for v in value if isinstance(v, str | int | float)]
+
+
+def extract_answer(text: str) -> str | None:
+    """The text after the LAST `Answer:` marker, up to the end of that line; None when absent."""
+    text = str(text)
+    position = text.rfind(ANSWER_MARKER)
+    if position < 0:
+        return None
+    answer = text[position + len(ANSWER_MARKER) :].strip().split("\n", 1)[0].strip()
+    return answer or None
+
+
+def strip_tool_calls(text: str) -> str:
+    """The turn's text without its tool-call blocks (an answer inside a call is not an answer)."""
+    return _CALL_PATTERN.sub("", str(text)[:MAX_SCAN_CHARS])
+
+
+@dataclass
+class CloneOutcome:
+    """What the root is told about one clone."""
+
+    answer: str | None
+    failure: str | None = None
+
+
+def format_tool_response(
+    turn: int,
+    outcomes: Sequence[CloneOutcome],
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    line_max_tokens: int,
+    message_max_tokens: int,
+) -> str:
+    """One line per clone, `turn{t}_clone{i}: <answer>`, as the release; truncated by tokens.
+
+    The release cuts lines at 256 and the message at 512 characters; cutting by tokens keeps the
+    cost the same whatever the tokenizer.
+    """
+    lines = []
+    for index, outcome in enumerate(outcomes):
+        if outcome.answer is not None:
+            body = outcome.answer
+        else:
+            body = f"failed ({outcome.failure or 'no answer'})"
+        lines.append(_truncate_tokens(f"turn{turn}_clone{index}: {body}", tokenizer, line_max_tokens))
+    return _truncate_tokens("\n".join(lines), tokenizer, message_max_tokens)
+
+
+def _truncate_tokens(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> str:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= max_tokens:
+        return text
+    return tokenizer.decode(ids[:max_tokens], skip_special_tokens=True)

@@ -1,0 +1,493 @@
+"""The batched rollout runtime: whole SELFCEST episodes (root + clones), or monolithic baselines.
+
+One scheduler runs every episode of a batch in rounds. In each round, every agent that is ready
+to generate (roots of all episodes, or the clones that all roots just spawned) is sent to the
+engine in ONE call, each with its own token grant. After the round, tool calls are parsed, clones
+are created for the next round, and roots whose clones have all finished get one tool message
+with the clones' answers and continue. Depth is 1 by default (clones have no tools); deeper trees
+are an option (`max_depth`).
+
+Token accounting is tree-wide and enforced before generation: every grant is taken out of the
+episode's remaining budget (unused tokens are refunded after the round), so an episode can never
+generate more than `episode_token_budget` tokens. A clone's `max_tokens` is cut to what remains.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from selfcest.engine import GenerationEngine, GenerationRequest, SamplingConfig
+from selfcest.prompts import (
+    CLONE_SYSTEM_PROMPT,
+    MONOLITHIC_SYSTEM_PROMPT,
+    ROOT_SYSTEM_PROMPT,
+    SPAWN_CLONE_TOOL,
+    clone_user_message,
+)
+from selfcest.protocol import (
+    CloneOutcome,
+    ProtocolError,
+    extract_answer,
+    format_tool_response,
+    parse_tool_calls,
+    strip_tool_calls,
+)
+
+log = logging.getLogger(__name__)
+
+AgentStatus = Literal["running", "waiting", "ok", "failed", "no_answer", "truncated", "budget_exhausted"]
+
+
+@dataclass
+class RuntimeConfig:
+    """Limits and budgets of one episode. Defaults suit the tiny model; the paper profile sets the
+    release's values (30 clones per call, 10 calls per turn, 10 turns, 1024-token clones)."""
+
+    use_tools: bool = True
+    """False runs the monolithic baseline: one root, no tool schema, no clones."""
+    max_clones_per_call: int = 8
+    max_calls_per_turn: int = 2
+    max_turns: int = 4
+    """Assistant turns of a tool-using agent; its last turn cannot spawn."""
+    max_depth: int = 1
+    """1: clones have no tools (the release). 2+: clones may spawn clones of their own."""
+    root_max_tokens: int = 160
+    """Cap on one root turn's generation."""
+    clone_max_tokens: int = 96
+    """Cap on one clone's generation, whatever it is asked for."""
+    default_clone_max_tokens: int = 64
+    """Budget of a clone whose objective names no `max_tokens`."""
+    episode_token_budget: int = 1024
+    """Tree-wide cap on generated tokens per episode (roots and clones together)."""
+    root_reserve_tokens: int = 16
+    """Clone grants leave this many tokens of the budget for the root's final answer."""
+    min_clone_tokens: int = 2
+    """A clone granted fewer tokens than this is not started (it fails with budget_exhausted)."""
+    tool_line_max_tokens: int = 32
+    tool_message_max_tokens: int = 128
+    max_rounds: int = 64
+    """Bound on scheduler rounds, whatever the policy does."""
+    root_system_prompt: str = ROOT_SYSTEM_PROMPT
+    clone_system_prompt: str = CLONE_SYSTEM_PROMPT
+    monolithic_system_prompt: str = MONOLITHIC_SYSTEM_PROMPT
+
+
+@dataclass
+class Task:
+    """One problem for the root. `documents` are handed to clones by key, never shown to the root."""
+
+    id: str
+    question: str
+    documents: dict[str, str] = field(default_factory=dict)
+    system_prompt: str | None = None
+    """Overrides the config's root or monolithic system prompt for this task."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TurnRecord:
+    text: str
+    generated_tokens: int
+    granted_tokens: int
+    finish_reason: str
+
+
+@dataclass
+class AgentRecord:
+    agent_id: str
+    role: Literal["root", "clone"]
+    depth: int
+    parent_id: str | None
+    spawn_turn: int | None
+    """The parent's turn (1-based) in which this clone was spawned."""
+    task: str
+    context_keys: list[str]
+    requested_max_tokens: int | None
+    max_tokens: int
+    """The agent's own generation cap after the runtime's limits (before the episode budget)."""
+    token_ids: list[int] = field(default_factory=list)
+    """The agent's whole context: prompt, generated turns and tool messages."""
+    generated_mask: list[int] = field(default_factory=list)
+    """1 where `token_ids` holds a token this agent generated."""
+    logprobs: list[float] | None = None
+    """Per generated token (in order), when the runtime was asked for them."""
+    turns: list[TurnRecord] = field(default_factory=list)
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    critical_path_tokens: int = 0
+    answer: str | None = None
+    status: AgentStatus = "running"
+    failure: str | None = None
+    children: list[list[int]] = field(default_factory=list)
+    """Per spawn turn, the indices (into the episode's agents) of the clones spawned."""
+
+
+@dataclass
+class Episode:
+    task_id: str
+    sample_index: int
+    mode: Literal["delegate", "monolithic"]
+    budget: int
+    agents: list[AgentRecord]
+    final_answer: str | None = None
+    final_text: str = ""
+    generated_tokens: int = 0
+    total_tokens: int = 0
+    """Generated plus prompt tokens of every agent (each agent's final context counted once)."""
+    critical_path_tokens: int = 0
+    """Longest chain of generated tokens that depend on each other (root turns + slowest clones)."""
+    wall_seconds: float = 0.0
+    num_tool_calls: int = 0
+    num_clones: int = 0
+    repairs: int = 0
+    protocol_errors: list[dict[str, Any]] = field(default_factory=list)
+    budget_exhausted: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def root(self) -> AgentRecord:
+        return self.agents[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _State:
+    """Mutable bookkeeping of one episode while it runs."""
+
+    episode: Episode
+    task: Task
+    remaining: int
+    messages: list[list[dict[str, str]]]
+    """Chat messages per agent, to render tool messages with the model's own template."""
+    rendered: list[str]
+    """The text each agent's `token_ids` decode to, for prefix checks."""
+    ready: list[int] = field(default_factory=list)
+    started: float = 0.0
+    done: bool = False
+
+
+class Runtime:
+    """Runs batches of episodes on one `GenerationEngine` with the same token accounting for all methods."""
+
+    def __init__(self, engine: GenerationEngine, config: RuntimeConfig) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.config = config
+
+    # ------------------------------------------------------------------ public
+    def run(
+        self,
+        tasks: Sequence[Task],
+        *,
+        sampling: SamplingConfig | None = None,
+        num_samples: int = 1,
+        show_progress: bool = False,
+    ) -> list[Episode]:
+        """One episode per (task, sample), in task-major order."""
+        sampling = sampling or SamplingConfig()
+        states = [self._start(task, sample) for task in tasks for sample in range(num_samples)]
+        for round_index in range(self.config.max_rounds):
+            if not self._round(states, sampling, round_index):
+                break
+            if show_progress:
+                finished = sum(state.done for state in states)
+                log.info("round %d: %d/%d episodes finished", round_index + 1, finished, len(states))
+        for state in states:
+            if not state.done:
+                self._abort_unfinished(state)
+        return [state.episode for state in states]
+
+    # ------------------------------------------------------------------ episode set-up
+    def _start(self, task: Task, sample_index: int) -> _State:
+        config = self.config
+        mode: Literal["delegate", "monolithic"] = "delegate" if config.use_tools else "monolithic"
+        default_system = config.root_system_prompt if config.use_tools else config.monolithic_system_prompt
+        messages = [
+            {"role": "system", "content": task.system_prompt or default_system},
+            {"role": "user", "content": task.question},
+        ]
+        root = AgentRecord(
+            agent_id="root",
+            role="root",
+            depth=0,
+            parent_id=None,
+            spawn_turn=None,
+            task=task.question,
+            context_keys=[],
+            requested_max_tokens=None,
+            max_tokens=config.episode_token_budget,
+        )
+        episode = Episode(
+            task_id=task.id,
+            sample_index=sample_index,
+            mode=mode,
+            budget=config.episode_token_budget,
+            agents=[root],
+            metadata=dict(task.metadata),
+        )
+        state = _State(
+            episode, task, config.episode_token_budget, [messages], [""], started=time.perf_counter()
+        )
+        self._set_prompt(state, 0)
+        state.ready.append(0)
+        return state
+
+    def _tools_for(self, agent: AgentRecord) -> list[dict[str, Any]] | None:
+        return [SPAWN_CLONE_TOOL] if self.config.use_tools and agent.depth < self.config.max_depth else None
+
+    def _set_prompt(self, state: _State, index: int) -> None:
+        agent = state.episode.agents[index]
+        text = self.tokenizer.apply_chat_template(
+            state.messages[index], tools=self._tools_for(agent), add_generation_prompt=True, tokenize=False
+        )
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        agent.token_ids = list(ids)
+        agent.generated_mask = [0] * len(ids)
+        state.rendered[index] = text
+
+    # ------------------------------------------------------------------ one round
+    def _round(self, states: list[_State], sampling: SamplingConfig, round_index: int) -> bool:
+        batch: list[tuple[_State, int, int]] = []
+        for state in states:
+            for index in state.ready:
+                grant = self._grant(state, index)
+                if grant < 1 or (
+                    state.episode.agents[index].role == "clone" and grant < self.config.min_clone_tokens
+                ):
+                    self._finish(state, index, status="budget_exhausted", failure="token budget exhausted")
+                    state.episode.budget_exhausted = True
+                    continue
+                state.remaining -= grant  # reserve now, refund what is not used after the round
+                batch.append((state, index, grant))
+            state.ready = []
+        if not batch:
+            for state in states:
+                self._resume_waiting(state)
+            return any(state.ready for state in states)
+        requests = [
+            GenerationRequest(prompt_ids=state.episode.agents[index].token_ids, max_new_tokens=grant)
+            for state, index, grant in batch
+        ]
+        round_sampling = SamplingConfig(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed + 1000 * round_index,
+            return_logprobs=sampling.return_logprobs,
+        )
+        results = self.engine.generate(requests, round_sampling)
+        for (state, index, grant), result in zip(batch, results, strict=True):
+            tokens = result.token_ids[:grant]  # an engine may never hand back more than it was granted
+            state.remaining += grant - len(tokens)
+            agent = state.episode.agents[index]
+            agent.token_ids.extend(tokens)
+            agent.generated_mask.extend([1] * len(tokens))
+            if sampling.return_logprobs:
+                agent.logprobs = (agent.logprobs or []) + list(result.logprobs or [])[: len(tokens)]
+            agent.generated_tokens += len(tokens)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            state.rendered[index] += self.tokenizer.decode(tokens, skip_special_tokens=False)
+            agent.turns.append(TurnRecord(text, len(tokens), grant, result.finish_reason))
+            self._after_turn(state, index, text, result.finish_reason)
+        for state in states:
+            self._resume_waiting(state)
+        return any(state.ready for state in states)
+
+    def _grant(self, state: _State, index: int) -> int:
+        """Tokens this agent may generate in its next turn: never more than the episode has left."""
+        agent = state.episode.agents[index]
+        own_left = agent.max_tokens - agent.generated_tokens
+        if agent.role == "root":
+            return max(0, min(self.config.root_max_tokens, own_left, state.remaining))
+        return max(0, min(own_left, state.remaining - self.config.root_reserve_tokens))
+
+    def _after_turn(self, state: _State, index: int, text: str, finish_reason: str) -> None:
+        config = self.config
+        agent = state.episode.agents[index]
+        can_spawn = self._tools_for(agent) is not None
+        if can_spawn:
+            parsed = parse_tool_calls(
+                text,
+                max_calls=config.max_calls_per_turn,
+                max_objectives=config.max_clones_per_call,
+                known_context_keys=state.task.documents.keys(),
+            )
+            self._record_errors(state, agent, parsed.errors)
+            state.episode.repairs += parsed.repairs
+            if parsed.calls and len(agent.turns) >= config.max_turns:
+                self._record_errors(
+                    state, agent, [ProtocolError("turn_limit", "no spawning on the last turn")]
+                )
+            elif parsed.calls:
+                state.episode.num_tool_calls += len(parsed.calls)
+                objectives = [objective for call in parsed.calls for objective in call.objectives]
+                spawned = [
+                    self._spawn(
+                        state, index, position, objective.task, objective.context, objective.max_tokens
+                    )
+                    for position, objective in enumerate(objectives)
+                ]
+                agent.children.append(spawned)
+                agent.status = "waiting"
+                state.messages[index].append({"role": "assistant", "content": text})
+                state.ready.extend(spawned)
+                return
+        self._finish(state, index, status=None, failure=None, finish_reason=finish_reason)
+
+    def _spawn(
+        self, state: _State, parent: int, position: int, task: str, keys: list[str], requested: int | None
+    ) -> int:
+        config = self.config
+        parent_agent = state.episode.agents[parent]
+        child_index = len(state.episode.agents)
+        turn = len(parent_agent.turns)
+        documents = {key: state.task.documents[key] for key in keys}
+        cap = min(
+            requested if requested is not None else config.default_clone_max_tokens, config.clone_max_tokens
+        )
+        clone = AgentRecord(
+            agent_id=f"{parent_agent.agent_id}/turn{turn}_clone{position}",
+            role="clone",
+            depth=parent_agent.depth + 1,
+            parent_id=parent_agent.agent_id,
+            spawn_turn=turn,
+            task=task,
+            context_keys=list(keys),
+            requested_max_tokens=requested,
+            max_tokens=cap,
+        )
+        state.episode.agents.append(clone)
+        state.episode.num_clones += 1
+        state.messages.append(
+            [
+                {"role": "system", "content": config.clone_system_prompt},
+                {"role": "user", "content": clone_user_message(task, documents)},
+            ]
+        )
+        state.rendered.append("")
+        self._set_prompt(state, child_index)
+        return child_index
+
+    def _finish(
+        self,
+        state: _State,
+        index: int,
+        *,
+        status: AgentStatus | None,
+        failure: str | None,
+        finish_reason: str | None = None,
+    ) -> None:
+        agent = state.episode.agents[index]
+        last_text = agent.turns[-1].text if agent.turns else ""
+        answer = extract_answer(strip_tool_calls(last_text))
+        if status is None:
+            if answer is not None and answer.lower().startswith("failed"):
+                status, failure = "failed", answer[len("failed") :].strip(" :()") or "clone gave up"
+                answer = None
+            elif answer is not None:
+                status = "ok"
+            elif finish_reason == "length":
+                status, failure = "truncated", "hit its token limit without an answer"
+            else:
+                status, failure = "no_answer", "no parseable Answer:"
+        agent.answer = answer if status == "ok" else None
+        agent.status = status
+        agent.failure = failure
+        if index == 0:
+            self._close_episode(state)
+
+    def _resume_waiting(self, state: _State) -> None:
+        """Give each waiting agent whose clones have all finished its tool message, and queue it."""
+        if state.done:
+            return
+        for index, agent in enumerate(state.episode.agents):
+            if agent.status != "waiting" or index in state.ready:
+                continue
+            children = agent.children[-1]
+            if any(state.episode.agents[c].status in ("running", "waiting") for c in children):
+                continue
+            outcomes = [
+                CloneOutcome(state.episode.agents[c].answer, state.episode.agents[c].failure)
+                for c in children
+            ]
+            message = format_tool_response(
+                len(agent.turns),
+                outcomes,
+                self.tokenizer,
+                line_max_tokens=self.config.tool_line_max_tokens,
+                message_max_tokens=self.config.tool_message_max_tokens,
+            )
+            state.messages[index].append({"role": "tool", "content": message})
+            self._append_rendered_suffix(state, index)
+            agent.status = "running"
+            state.ready.append(index)
+
+    def _append_rendered_suffix(self, state: _State, index: int) -> None:
+        """Extend an agent's tokens with the template's rendering of the new tool message.
+
+        The generated tokens stay exactly as sampled (training needs them); only the new suffix
+        is tokenized, which requires a template that renders assistant text verbatim.
+        """
+        agent = state.episode.agents[index]
+        text = self.tokenizer.apply_chat_template(
+            state.messages[index], tools=self._tools_for(agent), add_generation_prompt=True, tokenize=False
+        )
+        prefix = state.rendered[index]
+        if not text.startswith(prefix):
+            raise RuntimeError(
+                "the chat template does not render assistant turns verbatim, so multi-turn token "
+                f"accounting is impossible for agent {agent.agent_id}"
+            )
+        suffix_ids = self.tokenizer.encode(text[len(prefix) :], add_special_tokens=False)
+        agent.token_ids.extend(suffix_ids)
+        agent.generated_mask.extend([0] * len(suffix_ids))
+        state.rendered[index] = text
+
+    def _abort_unfinished(self, state: _State) -> None:
+        for index, agent in enumerate(state.episode.agents):
+            if agent.status in ("running", "waiting"):
+                self._record_errors(
+                    state, agent, [ProtocolError("round_limit", "scheduler round limit reached")]
+                )
+                if index:
+                    self._finish(state, index, status="failed", failure="round limit")
+        if not state.done:
+            self._finish(state, 0, status="failed", failure="round limit")
+
+    def _record_errors(self, state: _State, agent: AgentRecord, errors: list[ProtocolError]) -> None:
+        for error in errors:
+            state.episode.protocol_errors.append(
+                {"agent": agent.agent_id, "turn": len(agent.turns), **error.to_dict()}
+            )
+
+    # ------------------------------------------------------------------ accounting
+    def _close_episode(self, state: _State) -> None:
+        episode = state.episode
+        for agent in episode.agents:
+            agent.prompt_tokens = len(agent.token_ids) - agent.generated_tokens
+        _critical_path(episode.agents, 0)
+        root = episode.root
+        episode.final_answer = root.answer
+        episode.final_text = root.turns[-1].text if root.turns else ""
+        episode.generated_tokens = sum(a.generated_tokens for a in episode.agents)
+        episode.total_tokens = sum(len(a.token_ids) for a in episode.agents)
+        episode.critical_path_tokens = root.critical_path_tokens
+        episode.wall_seconds = time.perf_counter() - state.started
+        if episode.generated_tokens > episode.budget:  # the grants make this impossible; keep it loud
+            raise AssertionError(f"episode {episode.task_id} overran its budget")
+        state.done = True
+
+
+def _critical_path(agents: list[AgentRecord], index: int) -> int:
+    """An agent's own generated tokens plus, per spawn turn, the slowest of its clones' paths."""
+    agent = agents[index]
+    path = agent.generated_tokens + sum(
+        max((_critical_path(agents, child) for child in spawned), default=0) for spawned in agent.children
+    )
+    agent.critical_path_tokens = path
+    return path

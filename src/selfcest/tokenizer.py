@@ -1,0 +1,126 @@
+"""A small byte-level BPE tokenizer trained on the project's own task text, with a Qwen3 chat format.
+
+Digits are split one per token (as Qwen does), so arithmetic is learnable by a tiny model. The chat
+template renders system/user/assistant/tool messages and tool schemas in the Hermes `<tool_call>`
+style that Qwen3 uses, and marks assistant text with `{% generation %}` so that TRL can train on
+assistant tokens only. Any Hugging Face tokenizer with a chat template can stand in its place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+# Qwen3 keeps the tool tags as added (non-special) tokens so that they survive decoding.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
+
+# Qwen3's Hermes tool format, trimmed of the reasoning-content branches that the tiny model never uses.
+CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' %}"
+    "{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- generation %}"
+    "{{- message.content or '' }}"
+    "{%- if message.tool_calls %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{%- if loop.first and message.content %}{{- '\\n' }}{%- elif not loop.first %}{{- '\\n' }}{%- endif %}"
+    '{{- \'<tool_call>\\n{"name": "\' + tool_call.name + \'", "arguments": \' }}'
+    "{%- if tool_call.arguments is string %}{{- tool_call.arguments }}"
+    "{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>' }}"
+    "{%- endgeneration %}"
+    "{{- '\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def train_tokenizer(
+    corpus: Iterable[str], *, vocab_size: int, min_frequency: int = 2
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on `corpus` and wrap it as a transformers fast tokenizer.
+
+    Byte-level BPE never produces an unknown token, so text outside the corpus still round-trips.
+    """
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        bos_token=None,
+        unk_token=None,
+        model_max_length=1 << 20,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    wrapped.add_special_tokens({"additional_special_tokens": [IM_START]})
+    # Added but not special: decoding with skip_special_tokens keeps the tool tags the parser reads.
+    wrapped.add_tokens([AddedToken(token, special=False, normalized=False) for token in TOOL_TOKENS])
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load any local tokenizer (ours or a Hugging Face checkpoint's) without touching the network."""
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Token ids that end an assistant turn: `<|im_end|>` for the Qwen chat format, plus eos."""
+    ids: set[int] = set()
+    im_end = tokenizer.convert_tokens_to_ids(IM_END)
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)

@@ -1,0 +1,82 @@
+"""Stage build_model: train the tokenizer on the project's task text and build the initial tiny model.
+
+With `model.init_from` set to a local checkpoint (paper profile), that checkpoint is copied as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from selfcest.model import TinyModelConfig, build_tiny_model, count_parameters
+from selfcest.tokenizer import load_tokenizer, train_tokenizer
+from selfcest.tokenizer_corpus import protocol_corpus
+from stages.common import load_params, setup_logging, write_json
+
+
+def corpus_from_files(paths: list[str]) -> Iterator[str]:
+    """Every string value of every JSON line in `paths` (task text: prompts, paragraphs, answers)."""
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                yield from _strings(json.loads(line))
+
+
+def _strings(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--out", default="artifacts/init_model")
+    parser.add_argument("--report", default="reports/build_model.json")
+    args = parser.parse_args()
+    setup_logging()
+    params = load_params(Path(args.params))
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    model_params = dict(params["model"])
+    init_from = model_params.pop("init_from", None)
+    if init_from:
+        shutil.copytree(init_from, out)
+        tokenizer = load_tokenizer(out)
+        write_json(args.report, {"init_from": str(init_from), "vocab_size": len(tokenizer)})
+        return
+    texts = list(protocol_corpus(seed=params["seed"]))
+    texts += list(corpus_from_files(params["tokenizer"].get("corpus_files", [])))
+    corpus_hash = hashlib.sha256("\n".join(texts).encode()).hexdigest()
+    tokenizer = train_tokenizer(
+        texts,
+        vocab_size=params["tokenizer"]["vocab_size"],
+        min_frequency=params["tokenizer"]["min_frequency"],
+    )
+    model = build_tiny_model(TinyModelConfig(**model_params), tokenizer, seed=params["seed"])
+    out.mkdir(parents=True)
+    tokenizer.save_pretrained(out)
+    model.save_pretrained(out)
+    write_json(
+        args.report,
+        {
+            "parameters": count_parameters(model),
+            "vocab_size": len(tokenizer),
+            "corpus_texts": len(texts),
+            "corpus_sha256": corpus_hash,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

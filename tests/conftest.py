@@ -1,0 +1,60 @@
+"""Shared fixtures: a real tokenizer and a tiny random model, written to disk once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_BENCHMARKS = REPO_ROOT.parent / "shared" / "data" / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tokenizer trained on protocol text plus a random tiny Qwen3 model, saved with save_pretrained."""
+    from selfcest.model import TinyModelConfig, build_tiny_model
+    from selfcest.tokenizer import train_tokenizer
+    from selfcest.tokenizer_corpus import protocol_corpus
+
+    path = tmp_path_factory.mktemp("tiny_checkpoint")
+    tokenizer = train_tokenizer(protocol_corpus(seed=0, repeats=20), vocab_size=512)
+    model = build_tiny_model(
+        TinyModelConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            max_position_embeddings=2048,
+        ),
+        tokenizer,
+        seed=0,
+    )
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_checkpoint: Path):
+    from selfcest.tokenizer import load_tokenizer
+
+    return load_tokenizer(tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_checkpoint: Path):
+    from selfcest.model import load_model
+
+    return load_model(tiny_checkpoint)

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import json
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from selfcest.protocol import (
+    CloneOutcome,
+    extract_answer,
+    format_tool_response,
+    parse_tool_calls,
+)
+
+
+def call(objectives: object, **extra: object) -> str:
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": "spawn_clone", "arguments": {"objectives": objectives, **extra}})
+        + "\n</tool_call>"
+    )
+
+
+def test_parses_objectives_with_task_context_and_budget() -> None:
+    text = "Let me split.\n" + call([{"task": "1+2", "context": ["a"], "max_tokens": 12}, {"task": "3+4"}])
+    parsed = parse_tool_calls(text, max_calls=2, max_objectives=8, known_context_keys=["a"])
+    assert parsed.errors == []
+    assert parsed.repairs == 0
+    [tool_call] = parsed.calls
+    assert [(o.task, o.context, o.max_tokens) for o in tool_call.objectives] == [
+        ("1+2", ["a"], 12),
+        ("3+4", [], None),
+    ]
+
+
+def test_repairs_malformed_json_and_counts_it() -> None:
+    text = '<tool_call>\n{"name": "spawn_clone", "arguments": {"objectives": [{"task": "1+2", "max_tokens": 5}]\n</tool_call>'
+    parsed = parse_tool_calls(text, max_calls=2, max_objectives=8)
+    assert parsed.repairs == 1
+    assert parsed.calls[0].objectives[0].task == "1+2"
+
+
+def test_unclosed_call_at_end_of_turn_is_still_read() -> None:
+    parsed = parse_tool_calls(
+        '<tool_call>{"name": "spawn_clone", "arguments": {"objectives": ["5-3"]}}',
+        max_calls=1,
+        max_objectives=8,
+    )
+    assert parsed.calls[0].objectives[0].task == "5-3"
+
+
+def test_release_shared_context_and_string_objectives() -> None:
+    parsed = parse_tool_calls(call(["q1", "q2"], shared_context=["k"]), max_calls=1, max_objectives=8)
+    assert [o.context for o in parsed.calls[0].objectives] == [["k"], ["k"]]
+
+
+def test_limits_and_bad_fields_become_protocol_errors() -> None:
+    text = call([{"task": str(i)} for i in range(12)]) * 3 + call(
+        [{"task": "x", "max_tokens": -4, "context": ["nope"]}]
+    )
+    parsed = parse_tool_calls(text, max_calls=2, max_objectives=5, known_context_keys=["k"])
+    kinds = {e.kind for e in parsed.errors}
+    assert {"too_many_calls", "too_many_clones"} <= kinds
+    assert len(parsed.calls) == 2
+    assert all(len(c.objectives) == 5 for c in parsed.calls)
+    parsed = parse_tool_calls(
+        call([{"task": "x", "max_tokens": -4, "context": ["nope"]}]),
+        max_calls=2,
+        max_objectives=5,
+        known_context_keys=["k"],
+    )
+    assert {e.kind for e in parsed.errors} == {"invalid_max_tokens", "unknown_context_key"}
+    assert parsed.calls[0].objectives[0].context == []
+    assert parsed.calls[0].objectives[0].max_tokens is None
+
+
+def test_other_tools_garbage_and_code_are_errors_never_executed() -> None:
+    for text in [
+        '<tool_call>{"name": "os.system", "arguments": {"cmd": "rm -rf /"}}</tool_call>',
+        "<tool_call>__import__('os').system('echo pwned')</tool_call>",
+        "<tool_call>[1, 2, 3]</tool_call>",
+        '<tool_call>{"name": "spawn_clone", "arguments": 7}</tool_call>',
+        '<tool_call>{"name": "spawn_clone", "arguments": {"objectives": [{"no_task": 1}]}}</tool_call>',
+    ]:
+        parsed = parse_tool_calls(text, max_calls=2, max_objectives=5)
+        assert parsed.calls == []
+        assert parsed.errors, text
+
+
+def test_answer_comes_from_the_last_marker() -> None:
+    assert extract_answer("Answer: 3\nwait, redo\nAnswer:  42 \nmore") == "42"
+    assert extract_answer("no marker") is None
+    assert extract_answer("Answer:   ") is None
+
+
+def test_tool_response_format_and_token_truncation(tiny_tokenizer) -> None:
+    outcomes = [CloneOutcome("19"), CloneOutcome(None, "hit its token limit"), CloneOutcome("9" * 500)]
+    message = format_tool_response(1, outcomes, tiny_tokenizer, line_max_tokens=40, message_max_tokens=100)
+    lines = message.split("\n")
+    assert lines[0] == "turn1_clone0: 19"
+    assert lines[1] == "turn1_clone1: failed (hit its token limit)"
+    assert lines[2].startswith("turn1_clone2: 999")
+    assert len(tiny_tokenizer.encode(lines[2], add_special_tokens=False)) <= 40
+    assert len(tiny_tokenizer.encode(message, add_special_tokens=False)) <= 100
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=2000))
+def test_any_text_parses_or_records_an_error_in_bounded_time(text: str) -> None:
+    start = time.perf_counter()
+    for candidate in (text, "<tool_call>" + text, "<tool_call>{" + text + "</tool_call>"):
+        parsed = parse_tool_calls(candidate, max_calls=3, max_objectives=4, known_context_keys=["a"])
+        assert len(parsed.calls) <= 3
+        assert all(1 <= len(c.objectives) <= 4 for c in parsed.calls)
+        assert all(set(o.context) <= {"a"} for c in parsed.calls for o in c.objectives)
+        if "<tool_call>" in candidate and not parsed.calls:
+            assert parsed.errors
+        extract_answer(candidate)
+    assert time.perf_counter() - start < 5.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+        lambda children: (
+            st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+        ),
+        max_leaves=30,
+    )
+)
+def test_any_json_arguments_never_raise(arguments: object) -> None:
+    text = "<tool_call>" + json.dumps({"name": "spawn_clone", "arguments": arguments}) + "</tool_call>"
+    parsed = parse_tool_calls(text, max_calls=2, max_objectives=3)
+    assert parsed.calls or parsed.errors

@@ -1,0 +1,228 @@
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from selfcest.engine import SamplingConfig, TransformersEngine
+from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question
+from selfcest.runtime import Episode, Runtime, RuntimeConfig, Task
+from selfcest.scripted import ScriptedEngine
+
+
+def spawn(objectives: list[dict]) -> str:
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": "spawn_clone", "arguments": {"objectives": objectives}})
+        + "\n</tool_call>"
+    )
+
+
+def last_user(prompt: str) -> str:
+    return prompt.rsplit("<|im_start|>user\n", 1)[-1]
+
+
+def sum_of(text: str) -> int:
+    expr = re.search(r"(-?\d+(?:[+-]\d+)*)", text).group(1)
+    return sum(int(t) for t in re.findall(r"[+-]?\d+", expr))
+
+
+def splitting_policy(prompt: str) -> str:
+    """Root: split a sum into pairs, then add the clones' answers. Clone: add its pair."""
+    if CLONE_SYSTEM_PROMPT in prompt:
+        return f"Answer: {sum_of(last_user(prompt))}"
+    if "<tool_response>" in last_user(prompt):
+        answers = [int(v) for v in re.findall(r"turn\d+_clone\d+: (-?\d+)", last_user(prompt))]
+        return f"Answer: {sum(answers)}"
+    terms = re.findall(r"\d+", prompt.rsplit("Calculate the value of", 1)[1])
+    pairs = ["+".join(terms[i : i + 2]) for i in range(0, len(terms), 2)]
+    return spawn([{"task": f"Calculate the value of {p}.", "max_tokens": 16} for p in pairs])
+
+
+def check_accounting(episode: Episode) -> None:
+    assert episode.generated_tokens <= episode.budget
+    assert episode.generated_tokens == sum(a.generated_tokens for a in episode.agents)
+    assert episode.total_tokens == sum(len(a.token_ids) for a in episode.agents)
+    for agent in episode.agents:
+        assert sum(agent.generated_mask) == agent.generated_tokens
+        assert agent.prompt_tokens + agent.generated_tokens == len(agent.token_ids)
+        assert agent.generated_tokens <= agent.max_tokens
+        assert sum(t.generated_tokens for t in agent.turns) == agent.generated_tokens
+    json.dumps(episode.to_dict())  # records are JSON-serialisable
+
+
+def test_delegation_episode_end_to_end(tiny_tokenizer) -> None:
+    engine = ScriptedEngine(tiny_tokenizer, splitting_policy)
+    [episode] = Runtime(engine, RuntimeConfig()).run([Task("t", arithmetic_question("1+2+30+4"))])
+    assert episode.final_answer == "37"
+    root = episode.root
+    assert [a.answer for a in episode.agents[1:]] == ["3", "34"]
+    assert [a.agent_id for a in episode.agents[1:]] == ["root/turn1_clone0", "root/turn1_clone1"]
+    assert episode.num_tool_calls == 1 and episode.num_clones == 2
+    assert "turn1_clone0: 3\nturn1_clone1: 34" in tiny_tokenizer.decode(root.token_ids)
+    # clones see only their own task
+    assert "30" not in tiny_tokenizer.decode(episode.agents[1].token_ids)
+    check_accounting(episode)
+    clones = episode.agents[1:]
+    expected = (
+        root.turns[0].generated_tokens
+        + max(c.generated_tokens for c in clones)
+        + root.turns[1].generated_tokens
+    )
+    assert episode.critical_path_tokens == expected
+    assert episode.critical_path_tokens < episode.generated_tokens
+
+
+def test_clones_of_all_roots_generate_in_one_batch(tiny_tokenizer) -> None:
+    engine = ScriptedEngine(tiny_tokenizer, splitting_policy)
+    tasks = [Task(str(i), arithmetic_question("+".join(str(i + j) for j in range(6)))) for i in range(3)]
+    episodes = Runtime(engine, RuntimeConfig()).run(tasks)
+    assert [e.final_answer for e in episodes] == [str(sum(i + j for j in range(6))) for i in range(3)]
+    assert engine.stats.batch_sizes == [3, 9, 3]
+    assert all(CLONE_SYSTEM_PROMPT in prompt for prompt in engine.batches[1])
+
+
+def test_budget_cuts_clone_grants_and_is_never_exceeded(tiny_tokenizer) -> None:
+    engine = ScriptedEngine(tiny_tokenizer, splitting_policy)
+    config = RuntimeConfig(episode_token_budget=120, root_reserve_tokens=10)
+    [episode] = Runtime(engine, config).run([Task("t", arithmetic_question("+".join(["1"] * 16)))])
+    check_accounting(episode)
+    assert episode.budget_exhausted or episode.generated_tokens <= 120
+
+
+def adversarial_policy(prompt: str) -> str:
+    """Spams calls with many clones and huge budgets, nests calls inside clones, emits garbage."""
+    if CLONE_SYSTEM_PROMPT in prompt:
+        return spawn([{"task": "again", "max_tokens": 10**9}] * 40) + " {{{ not json"
+    junk = (
+        '<tool_call>{"name": "spawn_clone", "arguments": {"objectives": [{"task": "x", "max_tokens": "lots"'
+    )
+    return (spawn([{"task": "sub", "max_tokens": 10**12, "context": ["missing"]}] * 8) * 4) + junk
+
+
+@pytest.mark.parametrize("max_depth", [1, 2])
+def test_adversarial_policy_cannot_break_any_limit(tiny_tokenizer, max_depth: int) -> None:
+    config = RuntimeConfig(
+        max_clones_per_call=5,
+        max_calls_per_turn=2,
+        max_turns=3,
+        max_depth=max_depth,
+        root_max_tokens=10_000,
+        clone_max_tokens=50,
+        episode_token_budget=8000,
+        max_rounds=20,
+    )
+    engine = ScriptedEngine(tiny_tokenizer, adversarial_policy)
+    [episode] = Runtime(engine, config).run([Task("t", "Do it.")])
+    check_accounting(episode)
+    root = episode.root
+    assert len(root.turns) <= config.max_turns
+    for agent in episode.agents:
+        assert agent.depth <= max_depth
+        assert agent.status not in ("running", "waiting")
+        for spawned in agent.children:
+            assert len(spawned) <= config.max_clones_per_call * config.max_calls_per_turn
+        if agent.role == "clone":
+            assert agent.max_tokens <= config.clone_max_tokens
+            assert agent.requested_max_tokens in (None, 10**9, 10**12)
+            assert agent.context_keys == []
+    kinds = {e["kind"] for e in episode.protocol_errors}
+    assert {"too_many_calls", "too_many_clones", "unknown_context_key", "turn_limit"} <= kinds
+    if max_depth == 1:
+        assert all(a.depth <= 1 for a in episode.agents)
+        assert all(a.status in ("no_answer", "truncated", "budget_exhausted") for a in episode.agents[1:])
+    else:
+        assert any(a.depth == 2 for a in episode.agents)
+    assert engine.stats.calls <= config.max_rounds
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    budget=st.integers(1, 400),
+    reserve=st.integers(0, 40),
+    clone_cap=st.integers(1, 80),
+    root_cap=st.integers(1, 200),
+    n_terms=st.integers(1, 20),
+)
+def test_budget_is_never_exceeded(
+    tiny_tokenizer, budget: int, reserve: int, clone_cap: int, root_cap: int, n_terms: int
+) -> None:
+    config = RuntimeConfig(
+        episode_token_budget=budget,
+        root_reserve_tokens=reserve,
+        clone_max_tokens=clone_cap,
+        root_max_tokens=root_cap,
+    )
+    policies = [splitting_policy, adversarial_policy]
+    for policy in policies:
+        engine = ScriptedEngine(tiny_tokenizer, policy)
+        episodes = Runtime(engine, config).run([Task("t", arithmetic_question("+".join(["7"] * n_terms)))])
+        for episode in episodes:
+            check_accounting(episode)
+
+
+def test_monolithic_mode_has_no_tools_and_one_turn(tiny_tokenizer) -> None:
+    engine = ScriptedEngine(tiny_tokenizer, lambda p: spawn([{"task": "x"}]) + "\nAnswer: 5")
+    [episode] = Runtime(engine, RuntimeConfig(use_tools=False)).run(
+        [Task("t", "Calculate the value of 2+3.")]
+    )
+    assert episode.mode == "monolithic"
+    assert "<tools>" not in tiny_tokenizer.decode(episode.root.token_ids)
+    assert len(episode.agents) == 1 and len(episode.root.turns) == 1
+    assert episode.final_answer == "5"
+    assert episode.critical_path_tokens == episode.generated_tokens
+
+
+def test_documents_are_handed_to_clones_by_key_only(tiny_tokenizer) -> None:
+    def policy(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return (
+                "Answer: Paris"
+                if "capital of Zorb is Paris" in prompt
+                else "Answer: failed (not in my paragraphs)"
+            )
+        if "<tool_response>" in last_user(prompt):
+            return "Answer: " + re.findall(r"turn1_clone\d+: (\w+)", prompt)[0]
+        return spawn(
+            [
+                {"task": "What is the capital of Zorb?", "context": ["zorb"]},
+                {"task": "same", "context": ["other"]},
+            ]
+        )
+
+    task = Task(
+        "q",
+        "What is the capital of Zorb?\nDocuments: zorb, other",
+        documents={"zorb": "The capital of Zorb is Paris.", "other": "Unrelated text."},
+    )
+    [episode] = Runtime(ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig()).run([task])
+    assert episode.final_answer == "Paris"
+    root_text = tiny_tokenizer.decode(episode.root.token_ids)
+    assert "The capital of Zorb is Paris." not in root_text
+    assert episode.agents[2].status == "failed" and episode.agents[2].failure == "not in my paragraphs"
+    assert "turn1_clone1: failed (not in my paragraphs)" in root_text
+
+
+def test_greedy_runs_on_a_real_model_are_deterministic(tiny_model, tiny_tokenizer) -> None:
+    engine = TransformersEngine(tiny_model, tiny_tokenizer)
+    config = RuntimeConfig(root_max_tokens=24, episode_token_budget=64)
+    tasks = [Task(str(i), arithmetic_question(f"{i}+{i * 7}")) for i in range(3)]
+
+    def strip(episodes: list[Episode]) -> list[dict]:
+        return [{k: v for k, v in e.to_dict().items() if k != "wall_seconds"} for e in episodes]
+
+    first = Runtime(engine, config).run(tasks, sampling=SamplingConfig(return_logprobs=True))
+    second = Runtime(engine, config).run(tasks, sampling=SamplingConfig(return_logprobs=True))
+    assert strip(first) == strip(second)
+    for episode in first:
+        check_accounting(episode)
+        assert len(episode.root.logprobs) == episode.root.generated_tokens
+    sampled = [
+        Runtime(engine, config).run(tasks, sampling=SamplingConfig(temperature=1.0, seed=s))
+        for s in (1, 1, 2)
+    ]
+    assert strip(sampled[0]) == strip(sampled[1])
+    assert strip(sampled[0]) != strip(sampled[2])
