@@ -1,0 +1,719 @@
+"""Long-context multi-hop QA: one unified record schema, adapters for the official 2WikiMultiHopQA
+and MuSiQue formats, and a seeded synthetic multi-hop generator for the tiny CPU profile.
+
+The root agent only ever sees the question and the paragraph *keys*; clones get sub-questions
+plus the keys of the paragraphs they should read (the runtime expands keys to text). So every
+record carries short keys that are unique within the record, and, where the source gives them,
+the hops (sub-question, answer, key of the paragraph that answers it).
+
+Error policy: a file that cannot be read or parsed (missing, not UTF-8, truncated JSON) raises
+`QADataError` naming the file (and the byte/line/column); a record that cannot be adapted is
+returned as a `Quarantined` item with the file, record index, id, field and reason -- it is never
+dropped silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import random
+import re
+import unicodedata
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypedDict
+
+import fsspec
+
+# ---------------------------------------------------------------------------------------- schema
+
+
+class Paragraph(TypedDict):
+    key: str  # short, unique within the record: slug of the title (+ "-2", "-3" if titles repeat)
+    title: str
+    text: str
+    supporting: bool  # True when the paragraph is needed to answer the question
+
+
+class Hop(TypedDict):
+    question: str  # MuSiQue keeps its "#1"-style back-references verbatim
+    answer: str
+    paragraph_key: str  # key of the paragraph that answers this hop
+
+
+class QARecord(TypedDict):
+    """Unified long-context multi-hop QA record (all sources, all splits)."""
+
+    id: str
+    question: str
+    answers: list[str]  # gold first, then aliases (deduplicated, order kept)
+    paragraphs: list[Paragraph]
+    hops: list[Hop]  # empty when the source gives no decomposition
+    source: str  # "synthetic", "2wikimultihopqa", "musique", ...
+    split: str
+    num_hops: int
+    type: str  # question type when known (2Wiki "compositional", MuSiQue "3hop1", ...), else ""
+
+
+#: Field name -> expected Python type(s); the validation schema check uses the same table.
+RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "id": str,
+    "question": str,
+    "answers": list,
+    "paragraphs": list,
+    "hops": list,
+    "source": str,
+    "split": str,
+    "num_hops": int,
+    "type": str,
+}
+PARAGRAPH_FIELDS: dict[str, type] = {"key": str, "title": str, "text": str, "supporting": bool}
+HOP_FIELDS: dict[str, type] = {"question": str, "answer": str, "paragraph_key": str}
+
+
+class QADataError(ValueError):
+    """A file-level problem (unreadable, not UTF-8, not JSON, wrong top-level shape)."""
+
+    def __init__(self, file: str, message: str, *, index: int | None = None, record_id: str | None = None):
+        where = file
+        if index is not None:
+            where += f", record #{index}"
+        if record_id:
+            where += f" (id {record_id!r})"
+        super().__init__(f"{where}: {message}")
+        self.file = file
+        self.index = index
+        self.record_id = record_id
+
+
+@dataclass
+class Quarantined:
+    """A record kept out of the data set, with why. `stage` is adapter, schema or expectations."""
+
+    source: str
+    file: str
+    index: int | None
+    record_id: str | None
+    reasons: list[str]
+    stage: str = "adapter"
+    split: str = ""
+    record: Any = None  # the raw (adapter) or unified (validation) record, for inspection
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LoadResult:
+    records: list[QARecord] = field(default_factory=list)
+    quarantined: list[Quarantined] = field(default_factory=list)
+    file: str = ""
+
+
+class _RecordError(Exception):
+    """Raised inside an adapter for one record; turned into a Quarantined item."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"field {field_name!r}: {message}")
+        self.field = field_name
+
+
+# ---------------------------------------------------------------------------------------- keys
+
+_SLUG_MAX = 32
+
+
+def slugify(title: str, max_len: int = _SLUG_MAX) -> str:
+    """Lower-case ASCII slug; accents folded so keys stay cheap for small tokenizers."""
+    folded = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode("ascii")
+    slug = re.sub(r"[^a-z0-9]+", "-", folded.lower()).strip("-")
+    if len(slug) > max_len:
+        # Cut at a word boundary when one is close, so keys stay readable.
+        cut = slug[:max_len]
+        slug = cut.rsplit("-", 1)[0] if "-" in cut[max_len // 2 :] else cut
+    return slug.strip("-") or "p"
+
+
+def make_keys(titles: Sequence[str]) -> list[str]:
+    """Stable keys, unique within one record: repeated slugs get -2, -3, ... in order."""
+    used: set[str] = set()
+    keys = []
+    for title in titles:
+        base = slugify(title)
+        key, n = base, 1
+        while key in used:
+            n += 1
+            key = f"{base}-{n}"
+        used.add(key)
+        keys.append(key)
+    return keys
+
+
+# ---------------------------------------------------------------------------------------- reading
+
+
+def storage_options_for(path: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """fsspec options for `path`: explicit ones win; for s3:// an endpoint may come from the env
+    (SELFCEST_S3_ENDPOINT_URL) so that a MinIO/moto endpoint needs no code change."""
+    opts = dict(options or {})
+    if path.startswith("s3://") and "endpoint_url" not in opts and "client_kwargs" not in opts:
+        endpoint = os.environ.get("SELFCEST_S3_ENDPOINT_URL")
+        if endpoint:
+            opts["endpoint_url"] = endpoint
+    return opts
+
+
+def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
+    path = str(path)
+    try:
+        with fsspec.open(path, "rb", **storage_options_for(path, storage_options)) as fh:
+            return fh.read()
+    except FileNotFoundError as exc:
+        raise QADataError(path, "file not found") from exc
+    except OSError as exc:
+        raise QADataError(path, f"cannot read: {exc}") from exc
+
+
+def read_json_records(path: str, storage_options: Mapping[str, Any] | None = None) -> list[Any]:
+    """A JSON list (2Wiki, KAG files) or JSON lines (official MuSiQue). Raises QADataError."""
+    raw = read_bytes(path, storage_options)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise QADataError(
+            str(path), f"not valid UTF-8 at byte {exc.start} ({raw[exc.start : exc.start + 4]!r})"
+        ) from exc
+    text = text.lstrip("\ufeff")
+    stripped = text.lstrip()
+    if not stripped:
+        raise QADataError(str(path), "empty file")
+    if stripped[0] == "[":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise QADataError(
+                str(path), f"invalid JSON (truncated?) at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from exc
+        return data
+    # JSON lines: a broken line is a file error too, because a truncated line usually means a
+    # truncated download and silently keeping the rest would hide it.
+    records = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise QADataError(
+                str(path), f"invalid JSON on line {lineno} column {exc.colno} (truncated?): {exc.msg}"
+            ) from exc
+    return records
+
+
+def _get(rec: Mapping[str, Any], name: str, typ: type | tuple[type, ...], *, optional: bool = False) -> Any:
+    if name not in rec or rec[name] is None:
+        if optional:
+            return None
+        raise _RecordError(name, "missing")
+    value = rec[name]
+    # bool is an int subclass; an int field must not accept True/False.
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        names = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise _RecordError(name, f"expected {names}, got {type(value).__name__}")
+    return value
+
+
+def _answers(gold: str, aliases: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for a in [gold, *aliases]:
+        if a not in out and (a.strip() or not out):  # keep the gold even if empty: validation flags it
+            out.append(a)
+    return out
+
+
+def _adapt_file(
+    path: str,
+    adapt: Callable[[Any], QARecord],
+    source: str,
+    storage_options: Mapping[str, Any] | None,
+) -> LoadResult:
+    path = str(path)
+    data = read_json_records(path, storage_options)
+    if not isinstance(data, list):
+        raise QADataError(path, f"expected a JSON list of records, got {type(data).__name__}")
+    result = LoadResult(file=path)
+    for index, raw in enumerate(data):
+        rid = None
+        if isinstance(raw, dict):
+            rid_raw = raw.get("_id", raw.get("id"))
+            rid = str(rid_raw) if rid_raw is not None else None
+        try:
+            if not isinstance(raw, dict):
+                raise _RecordError("<record>", f"expected an object, got {type(raw).__name__}")
+            result.records.append(adapt(raw))
+        except _RecordError as exc:
+            result.quarantined.append(Quarantined(source, path, index, rid, [str(exc)], record=raw))
+    return result
+
+
+# ---------------------------------------------------------------------------------------- 2Wiki
+
+
+def adapt_2wiki(rec: Mapping[str, Any], *, split: str = "dev", source: str = "2wikimultihopqa") -> QARecord:
+    """One official 2WikiMultiHopQA record -> QARecord (raises _RecordError)."""
+    rid = _get(rec, "_id", str) if "_id" in rec else _get(rec, "id", str)
+    question = _get(rec, "question", str)
+    answer = _get(rec, "answer", str)
+    context = _get(rec, "context", list)
+    titles, texts = [], []
+    for i, item in enumerate(context):
+        if (
+            not isinstance(item, list | tuple)
+            or len(item) != 2
+            or not isinstance(item[0], str)
+            or not isinstance(item[1], list)
+            or not all(isinstance(s, str) for s in item[1])
+        ):
+            raise _RecordError(f"context[{i}]", "expected [title, [sentences...]]")
+        titles.append(item[0])
+        # Official sentences carry no separators (HotpotQA's do); strip + single space suits both.
+        texts.append(" ".join(s.strip() for s in item[1] if s.strip()))
+    keys = make_keys(titles)
+    by_title = {t: k for t, k in zip(reversed(titles), reversed(keys), strict=True)}  # first wins
+    by_lower = {t.lower(): k for t, k in by_title.items()}
+
+    supporting: set[str] = set()
+    for i, fact in enumerate(_get(rec, "supporting_facts", list)):
+        if not isinstance(fact, list | tuple) or len(fact) != 2 or not isinstance(fact[0], str):
+            raise _RecordError(f"supporting_facts[{i}]", "expected [title, sentence_index]")
+        if fact[0] not in by_title:
+            raise _RecordError(
+                f"supporting_facts[{i}]", f"unknown supporting title {fact[0]!r} (not in context)"
+            )
+        supporting.add(by_title[fact[0]])
+
+    # Evidences are (subject, relation, object) triples, one per hop; the subject's paragraph
+    # answers the hop. 2Wiki sometimes changes the case of titles, hence the lower-case fallback.
+    hops: list[Hop] = []
+    for i, ev in enumerate(_get(rec, "evidences", list, optional=True) or []):
+        if not isinstance(ev, list | tuple) or len(ev) != 3 or not all(isinstance(x, str) for x in ev):
+            raise _RecordError(f"evidences[{i}]", "expected [subject, relation, object]")
+        subj, rel, obj = ev
+        key = by_title.get(subj) or by_lower.get(subj.lower())
+        if key is None:
+            raise _RecordError(f"evidences[{i}]", f"subject {subj!r} is not a context title")
+        hops.append({"question": f"What is the {rel} of {subj}?", "answer": obj, "paragraph_key": key})
+
+    paragraphs: list[Paragraph] = [
+        {"key": k, "title": t, "text": x, "supporting": k in supporting}
+        for k, t, x in zip(keys, titles, texts, strict=True)
+    ]
+    qtype = _get(rec, "type", str, optional=True) or ""
+    return {
+        "id": rid,
+        "question": question,
+        "answers": _answers(answer, []),
+        "paragraphs": paragraphs,
+        "hops": hops,
+        "source": source,
+        "split": split,
+        "num_hops": len(hops) if hops else len(supporting),
+        "type": qtype,
+    }
+
+
+def load_2wiki(
+    path_or_url: str,
+    *,
+    split: str = "dev",
+    source: str = "2wikimultihopqa",
+    storage_options: Mapping[str, Any] | None = None,
+) -> LoadResult:
+    """Load an official 2WikiMultiHopQA file (JSON list; local path or s3:// URL)."""
+    return _adapt_file(
+        str(path_or_url), lambda r: adapt_2wiki(r, split=split, source=source), source, storage_options
+    )
+
+
+# ---------------------------------------------------------------------------------------- MuSiQue
+
+
+def adapt_musique(rec: Mapping[str, Any], *, split: str = "dev", source: str = "musique") -> QARecord:
+    """One official MuSiQue record -> QARecord (raises _RecordError)."""
+    rid = _get(rec, "id", str)
+    question = _get(rec, "question", str)
+    answer = _get(rec, "answer", str)
+    aliases = _get(rec, "answer_aliases", list, optional=True) or []
+    if not all(isinstance(a, str) for a in aliases):
+        raise _RecordError("answer_aliases", "expected a list of strings")
+    # MuSiQue-Full mixes in unanswerable contrast questions; their `answer` is not supported by
+    # the context, so training on them as-is would reward hallucination.
+    answerable = _get(rec, "answerable", bool, optional=True)
+    if answerable is False:
+        raise _RecordError("answerable", "record is marked unanswerable")
+    paras = _get(rec, "paragraphs", list)
+    titles, texts, idxs, flags = [], [], [], []
+    for i, p in enumerate(paras):
+        if not isinstance(p, dict):
+            raise _RecordError(f"paragraphs[{i}]", f"expected an object, got {type(p).__name__}")
+        for name, typ in (("title", str), ("paragraph_text", str), ("is_supporting", bool)):
+            try:
+                _get(p, name, typ)
+            except _RecordError as exc:
+                raise _RecordError(f"paragraphs[{i}].{exc.field}", str(exc).split(": ", 1)[1]) from None
+        idx = p.get("idx", i)
+        if not isinstance(idx, int) or isinstance(idx, bool):
+            raise _RecordError(f"paragraphs[{i}].idx", f"expected int, got {type(idx).__name__}")
+        titles.append(p["title"])
+        texts.append(p["paragraph_text"].strip())
+        idxs.append(idx)
+        flags.append(p["is_supporting"])
+    if len(set(idxs)) != len(idxs):
+        raise _RecordError("paragraphs", "duplicate paragraph idx")
+    keys = make_keys(titles)
+    key_of_idx = dict(zip(idxs, keys, strict=True))
+
+    hops: list[Hop] = []
+    for i, step in enumerate(_get(rec, "question_decomposition", list)):
+        if not isinstance(step, dict):
+            raise _RecordError(f"question_decomposition[{i}]", "expected an object")
+        try:
+            q = _get(step, "question", str)
+            a = _get(step, "answer", str)
+            support = _get(step, "paragraph_support_idx", int)
+        except _RecordError as exc:
+            raise _RecordError(
+                f"question_decomposition[{i}].{exc.field}", str(exc).split(": ", 1)[1]
+            ) from None
+        if support not in key_of_idx:
+            raise _RecordError(
+                f"question_decomposition[{i}].paragraph_support_idx",
+                f"unknown supporting paragraph idx {support}",
+            )
+        hops.append({"question": q, "answer": a, "paragraph_key": key_of_idx[support]})
+
+    m = re.match(r"^(\dhop\d*)__", rid)
+    paragraphs: list[Paragraph] = [
+        {"key": k, "title": t, "text": x, "supporting": f}
+        for k, t, x, f in zip(keys, titles, texts, flags, strict=True)
+    ]
+    return {
+        "id": rid,
+        "question": question,
+        "answers": _answers(answer, aliases),
+        "paragraphs": paragraphs,
+        "hops": hops,
+        "source": source,
+        "split": split,
+        "num_hops": len(hops) if hops else sum(flags),
+        "type": m.group(1) if m else "",
+    }
+
+
+def load_musique(
+    path_or_url: str,
+    *,
+    split: str = "dev",
+    source: str = "musique",
+    storage_options: Mapping[str, Any] | None = None,
+) -> LoadResult:
+    """Load a MuSiQue file (official JSONL or the KAG JSON list; local path or s3:// URL)."""
+    return _adapt_file(
+        str(path_or_url), lambda r: adapt_musique(r, split=split, source=source), source, storage_options
+    )
+
+
+LOADERS: dict[str, Callable[..., LoadResult]] = {"2wiki": load_2wiki, "musique": load_musique}
+
+
+def load_source(
+    fmt: str, path_or_url: str, *, split: str, source: str, storage_options: Mapping[str, Any] | None = None
+) -> LoadResult:
+    if fmt not in LOADERS:
+        raise ValueError(f"{path_or_url}: unknown QA format {fmt!r} (known: {sorted(LOADERS)})")
+    return LOADERS[fmt](path_or_url, split=split, source=source, storage_options=storage_options)
+
+
+# ---------------------------------------------------------------------------------------- synthetic
+
+# Closed syllable vocabulary: every name is 2-3 of these, so a 1k-token BPE sees the same
+# handful of pieces everywhere and names cost 2-3 tokens each.
+SYLLABLES = ("ka", "lo", "mi", "ra", "to", "ne", "su", "vi", "da", "pe", "zo", "ba", "ri", "mu", "te", "no")
+
+
+@dataclass(frozen=True)
+class Relation:
+    src: str
+    dst: str
+    phrase: str  # noun phrase for a nested hop: "the founder of {x}"
+    ask: str  # direct question: "Who founded {x}?"
+    fact: str  # sentence in the subject's paragraph: "{s} was founded by {o}."
+
+
+RELATIONS: dict[str, Relation] = {
+    "born_in": Relation(
+        "person", "city", "the birthplace of {x}", "In which city was {x} born?", "{s} was born in {o}."
+    ),
+    "lives_in": Relation(
+        "person", "city", "the home city of {x}", "In which city does {x} live?", "{s} lives in {o}."
+    ),
+    "works_for": Relation(
+        "person", "company", "the employer of {x}", "Which company does {x} work for?", "{s} works for {o}."
+    ),
+    "founded_by": Relation(
+        "company", "person", "the founder of {x}", "Who founded {x}?", "{s} was founded by {o}."
+    ),
+    "led_by": Relation("company", "person", "the head of {x}", "Who leads {x}?", "{s} is led by {o}."),
+    "based_in": Relation(
+        "company", "city", "the base of {x}", "In which city is {x} based?", "{s} is based in {o}."
+    ),
+    "located_in": Relation(
+        "city", "country", "the country of {x}", "In which country is {x}?", "{s} is a city in {o}."
+    ),
+    "capital": Relation(
+        "country", "city", "the capital of {x}", "What is the capital of {x}?", "The capital of {s} is {o}."
+    ),
+}
+_OUT: dict[str, list[str]] = {}
+for _name, _rel in RELATIONS.items():
+    _OUT.setdefault(_rel.src, []).append(_name)
+
+# Facts that never answer a question: they only make paragraphs (and so the context) longer.
+# Each template has its own word list so every filler reads as a plain English sentence.
+_FILLERS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "person": (
+        ("{s} is a {w}.", ("teacher", "farmer", "singer", "doctor", "pilot", "baker", "painter")),
+        ("{s} likes {w}.", ("music", "books", "tea", "maps", "boats", "long walks", "old films")),
+        ("{s} has {w}.", ("two cats", "a red car", "a small garden", "three sons", "a blue boat")),
+    ),
+    "city": (
+        ("{s} has an old {w}.", ("port", "bridge", "market", "park", "tower", "museum", "church")),
+        ("{s} is known for its {w}.", ("river", "food", "music", "cold winters", "long beach")),
+        ("{s} lies near {w}.", ("the sea", "a lake", "the hills", "a big forest", "the border")),
+    ),
+    "company": (
+        ("{s} makes {w}.", ("shoes", "bread", "cars", "lamps", "boats", "tools", "paper", "games")),
+        ("{s} sells {w}.", ("books", "tea", "maps", "bikes", "chairs", "phones")),
+        ("{s} has {w} workers.", ("ten", "fifty", "many", "few", "two hundred")),
+    ),
+    "country": (
+        ("{s} is known for its {w}.", ("hills", "lakes", "forests", "farms", "coasts", "songs")),
+        ("{s} has {w}.", ("a long coast", "many rivers", "high mountains", "a dry south")),
+    ),
+}
+# Entity mix of one record's world, as fractions of its paragraph count (cities and countries
+# are shared by many people/companies, which is what makes chains of different lengths possible).
+_TYPE_SHARE = {"person": 0.4, "company": 0.25, "city": 0.25, "country": 0.1}
+
+
+@dataclass
+class SyntheticSplitConfig:
+    count: int
+    hops: tuple[int, int] = (2, 2)  # inclusive range of hops per question
+    paragraphs: tuple[int, int] = (10, 16)  # inclusive range of paragraphs per record
+    filler_sentences: tuple[int, int] = (1, 2)  # inclusive range per paragraph
+
+
+class _World:
+    """A small random world: typed entities with every outgoing relation defined (functional)."""
+
+    def __init__(self, rng: random.Random, size: int):
+        self.rng = rng
+        self.names: set[str] = set()
+        counts = {t: max(2, round(size * share)) for t, share in _TYPE_SHARE.items()}
+        self.by_type: dict[str, list[str]] = {t: [self._name() for _ in range(n)] for t, n in counts.items()}
+        self.type_of = {e: t for t, es in self.by_type.items() for e in es}
+        self.facts: dict[str, dict[str, str]] = {e: {} for e in self.type_of}
+        countries, cities = self.by_type["country"], self.by_type["city"]
+        if len(cities) < len(countries):
+            cities.extend(self._name() for _ in range(len(countries) - len(cities)))
+            self.type_of.update({c: "city" for c in cities})
+            self.facts.update({c: {} for c in cities if c not in self.facts})
+        # The first cities go one per country, so every country has a capital inside it.
+        for i, city in enumerate(cities):
+            self.facts[city]["located_in"] = countries[i] if i < len(countries) else rng.choice(countries)
+        for country in countries:
+            self.facts[country]["capital"] = rng.choice(
+                [c for c in cities if self.facts[c]["located_in"] == country]
+            )
+        for person in self.by_type["person"]:
+            self.facts[person]["born_in"] = rng.choice(self.by_type["city"])
+            self.facts[person]["lives_in"] = rng.choice(self.by_type["city"])
+            self.facts[person]["works_for"] = rng.choice(self.by_type["company"])
+        for company in self.by_type["company"]:
+            self.facts[company]["founded_by"] = rng.choice(self.by_type["person"])
+            self.facts[company]["led_by"] = rng.choice(self.by_type["person"])
+            self.facts[company]["based_in"] = rng.choice(self.by_type["city"])
+
+    def _name(self) -> str:
+        while True:
+            n = self.rng.choice((2, 2, 3))
+            name = "".join(self.rng.choice(SYLLABLES) for _ in range(n)).capitalize()
+            if name not in self.names:
+                self.names.add(name)
+                return name
+
+    def paragraph(self, entity: str, fillers: tuple[int, int]) -> str:
+        etype = self.type_of[entity]
+        sents = [RELATIONS[r].fact.format(s=entity, o=o) for r, o in self.facts[entity].items()]
+        if etype == "country":
+            sents.insert(0, f"{entity} is a country.")
+        for tmpl, words in self.rng.sample(
+            _FILLERS[etype], min(len(_FILLERS[etype]), self.rng.randint(*fillers))
+        ):
+            sents.append(tmpl.format(s=entity, w=self.rng.choice(words)))
+        return " ".join(sents)
+
+    def chain(self, rels: Sequence[str]) -> tuple[str, list[str]] | None:
+        """Follow `rels` from a random anchor; None if the path revisits an entity (a revisit
+        makes the answer trivially equal to an entity named earlier in the question)."""
+        ents = [self.rng.choice(self.by_type[RELATIONS[rels[0]].src])]
+        for rel in rels:
+            nxt = self.facts[ents[-1]][rel]
+            if nxt in ents:
+                return None
+            ents.append(nxt)
+        return ents[0], ents
+
+
+@functools.lru_cache(maxsize=16)
+def relation_paths(n_hops: int) -> list[tuple[str, ...]]:
+    """Every type-compatible relation path of n_hops, minus capital->located_in (always returns
+    to the start). Sampling a path uniformly keeps question types balanced, which sampling an
+    anchor first would not (city anchors would almost always give located_in>capital)."""
+    paths: list[tuple[str, ...]] = [(r,) for r in RELATIONS]
+    for _ in range(n_hops - 1):
+        paths = [
+            (*p, r)
+            for p in paths
+            for r in _OUT[RELATIONS[p[-1]].dst]
+            if (p[-1], r) != ("capital", "located_in")
+        ]
+    return sorted(paths)
+
+
+def _compose_question(anchor: str, rels: Sequence[str]) -> str:
+    np = anchor
+    for rel in rels[:-1]:
+        np = RELATIONS[rel].phrase.format(x=np)
+    question = RELATIONS[rels[-1]].ask.format(x=np)
+    return question[0].upper() + question[1:]
+
+
+def synthetic_record(rng: random.Random, cfg: SyntheticSplitConfig, *, split: str, index: int) -> QARecord:
+    n_par = rng.randint(*cfg.paragraphs)
+    n_hops = rng.randint(*cfg.hops)
+    if n_par < n_hops:
+        raise ValueError(f"synthetic split {split!r}: {n_par} paragraphs cannot hold {n_hops} hops")
+    rels = list(rng.choice(relation_paths(n_hops)))
+    while True:  # a fresh world per record, so answers must be read, never memorised
+        world = _World(rng, n_par + 4)
+        found = next((f for f in (world.chain(rels) for _ in range(50)) if f), None)
+        if found and len(world.type_of) >= n_par:
+            break
+    anchor, ents = found
+    support = ents[:-1]  # the paragraph of each hop's subject states the hop's fact
+    others = [e for e in sorted(world.type_of) if e not in support]
+    # Prefer distractors that share the chain's types (hard negatives), then fill at random.
+    chain_types = {world.type_of[e] for e in support}
+    hard = [e for e in others if world.type_of[e] in chain_types]
+    soft = [e for e in others if world.type_of[e] not in chain_types]
+    rng.shuffle(hard)
+    rng.shuffle(soft)
+    chosen = support + (hard + soft)[: n_par - len(support)]
+    rng.shuffle(chosen)
+    keys = make_keys(chosen)
+    key_of = dict(zip(chosen, keys, strict=True))
+    paragraphs: list[Paragraph] = [
+        {
+            "key": key_of[e],
+            "title": e,
+            "text": world.paragraph(e, cfg.filler_sentences),
+            "supporting": e in support,
+        }
+        for e in chosen
+    ]
+    hops: list[Hop] = [
+        {
+            "question": RELATIONS[rel].ask.format(x=subj),
+            "answer": obj,
+            "paragraph_key": key_of[subj],
+        }
+        for subj, rel, obj in zip(ents[:-1], rels, ents[1:], strict=True)
+    ]
+    return {
+        "id": f"synth-{split}-{index:05d}",
+        "question": _compose_question(anchor, rels),
+        "answers": [ents[-1]],
+        "paragraphs": paragraphs,
+        "hops": hops,
+        "source": "synthetic",
+        "split": split,
+        "num_hops": n_hops,
+        "type": "chain:" + ">".join(rels),
+    }
+
+
+def _range(value: Any, default: tuple[int, int]) -> tuple[int, int]:
+    if value is None:
+        return default
+    if isinstance(value, int):
+        return (value, value)
+    lo, hi = value
+    return (int(lo), int(hi))
+
+
+def split_config(spec: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> SyntheticSplitConfig:
+    merged = {**(defaults or {}), **spec}
+    return SyntheticSplitConfig(
+        count=int(merged["count"]),
+        hops=_range(merged.get("hops"), (2, 2)),
+        paragraphs=_range(merged.get("paragraphs"), (10, 16)),
+        filler_sentences=_range(merged.get("filler_sentences"), (1, 2)),
+    )
+
+
+def generate_synthetic(
+    seed: int, splits: Mapping[str, SyntheticSplitConfig | Mapping[str, Any]]
+) -> dict[str, list[QARecord]]:
+    """Synthetic multi-hop QA splits. Each split has its own RNG stream (seeded by seed and split
+    name), so changing one split's count leaves the others' bytes unchanged. Questions are kept
+    unique across splits (first split in order wins), so no eval question is a training one."""
+    seen: set[str] = set()
+    out: dict[str, list[QARecord]] = {}
+    for name, spec in splits.items():
+        cfg = spec if isinstance(spec, SyntheticSplitConfig) else split_config(spec)
+        rng = random.Random(f"selfcest-qa:{seed}:{name}")
+        records: list[QARecord] = []
+        attempts = 0
+        while len(records) < cfg.count:
+            attempts += 1
+            if attempts > 20 * cfg.count + 100:
+                raise RuntimeError(f"synthetic split {name!r}: cannot make {cfg.count} unique questions")
+            rec = synthetic_record(rng, cfg, split=name, index=len(records))
+            sig = rec["question"] + "\x00" + rec["answers"][0]
+            if sig in seen:
+                continue
+            seen.add(sig)
+            records.append(rec)
+        out[name] = records
+    return out
+
+
+# ---------------------------------------------------------------------------------------- output
+
+
+def canonical_jsonl(records: Iterable[Mapping[str, Any]]) -> str:
+    """Byte-stable JSON lines (sorted keys, no ASCII escaping): equal records -> equal bytes."""
+    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in records)
+
+
+def records_sha256(records: Iterable[Mapping[str, Any]]) -> str:
+    return hashlib.sha256(canonical_jsonl(records).encode("utf-8")).hexdigest()
+
+
+def context_text(record: Mapping[str, Any]) -> str:
+    """The monolithic reader's view: every paragraph as "title: text", one per line."""
+    return "\n".join(f"{p['title']}: {p['text']}" for p in record["paragraphs"])

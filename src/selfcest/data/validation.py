@@ -1,0 +1,380 @@
+"""Validation of unified QA records (selfcest.data.qa.QARecord) with Great Expectations.
+
+Two layers:
+1. `schema_errors`: plain-Python structural check (fields present, right types, nested
+   paragraphs/hops well formed). A record that fails it cannot be flattened, so it is quarantined
+   before GX sees it.
+2. A GX expectation suite over a flattened pandas view (one row per record with derived columns).
+   Failed rows are mapped back to records through a `_row` column (ids may be duplicated, which is
+   one of the things being checked) and quarantined with the names of the failed expectations.
+
+`validate_records` returns kept records, quarantined items and a report dict, and raises
+`QAValidationError` when the invalid fraction exceeds `max_invalid_fraction`.
+
+GX notes (1.24): the ephemeral context is used so nothing is written under the repo; Data Docs
+need a CDN, so the caller renders its own JSON/Markdown report from `report`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from selfcest.data.qa import HOP_FIELDS, PARAGRAPH_FIELDS, RECORD_FIELDS, QARecord, Quarantined
+
+log = logging.getLogger(__name__)
+# GX logs every import-time registration at INFO; stage scripts run the root logger at INFO.
+logging.getLogger("great_expectations").setLevel(logging.WARNING)
+
+#: Bounds used when params give none. Generous enough for real 2Wiki/MuSiQue records.
+DEFAULT_LIMITS: dict[str, Any] = {
+    "max_invalid_fraction": 0.05,
+    "min_paragraphs": 2,
+    "max_paragraphs": 64,
+    "min_question_chars": 8,
+    "max_question_chars": 512,
+    "max_answer_chars": 256,
+    "max_paragraph_chars": 8000,
+    "max_context_chars": 100000,
+    "max_key_chars": 48,
+    "min_num_hops": 1,
+    "max_num_hops": 8,
+    # Sources whose gold answer must appear verbatim in a supporting paragraph (true for the
+    # synthetic generator by construction; 2Wiki yes/no and MuSiQue paraphrased answers are not).
+    "answer_in_context_sources": ["synthetic"],
+}
+
+
+class QAValidationError(RuntimeError):
+    """Too many invalid records: names the file, the first offending record and expectation."""
+
+
+@dataclass
+class ValidationResult:
+    kept: list[QARecord] = field(default_factory=list)
+    quarantined: list[Quarantined] = field(default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------- schema
+
+
+def _type_ok(value: Any, typ: type | tuple[type, ...]) -> bool:
+    if typ is int and isinstance(value, bool):  # bool is an int subclass
+        return False
+    return isinstance(value, typ)
+
+
+def schema_errors(record: Any) -> list[str]:
+    """Structural problems that prevent flattening; empty list when the record is well formed."""
+    if not isinstance(record, dict):
+        return [f"record: expected an object, got {type(record).__name__}"]
+    errors = []
+    for name, typ in RECORD_FIELDS.items():
+        if name not in record or record[name] is None:
+            errors.append(f"field {name!r}: missing")
+        elif not _type_ok(record[name], typ):
+            errors.append(f"field {name!r}: expected {typ.__name__}, got {type(record[name]).__name__}")  # type: ignore[union-attr]
+    if errors:
+        return errors
+    if not all(isinstance(a, str) for a in record["answers"]):
+        errors.append("field 'answers': expected list[str]")
+    for list_name, fields in (("paragraphs", PARAGRAPH_FIELDS), ("hops", HOP_FIELDS)):
+        for i, item in enumerate(record[list_name]):
+            if not isinstance(item, dict):
+                errors.append(f"field '{list_name}[{i}]': expected an object, got {type(item).__name__}")
+                continue
+            for name, typ in fields.items():
+                if name not in item or item[name] is None:
+                    errors.append(f"field '{list_name}[{i}].{name}': missing")
+                elif not _type_ok(item[name], typ):
+                    errors.append(
+                        f"field '{list_name}[{i}].{name}': expected {typ.__name__}, got {type(item[name]).__name__}"
+                    )
+    return errors
+
+
+# ---------------------------------------------------------------------------------------- flatten
+
+
+def flatten(records: Sequence[QARecord], limits: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """One row per (schema-valid) record; derived columns are what the suite checks."""
+    lim = {**DEFAULT_LIMITS, **(limits or {})}
+    answer_sources = set(lim["answer_in_context_sources"] or [])
+    rows = []
+    for i, r in enumerate(records):
+        paras = r["paragraphs"]
+        keys = [p["key"] for p in paras]
+        key_set = set(keys)
+        supporting = {p["key"] for p in paras if p["supporting"]}
+        hop_keys = [h["paragraph_key"] for h in r["hops"]]
+        answers = r["answers"]
+        gold = answers[0] if answers else ""
+        support_text = " ".join(p["text"] for p in paras if p["supporting"]).lower()
+        rows.append(
+            {
+                "_row": i,
+                "id": r["id"],
+                "source": r["source"],
+                "split": r["split"],
+                "type": r["type"],
+                "question": r["question"],
+                "question_len": len(r["question"].strip()),
+                "answer": gold,
+                "answer_len": len(gold.strip()),
+                "n_answers": len(answers),
+                "n_empty_aliases": sum(1 for a in answers[1:] if not a.strip()),
+                "n_paragraphs": len(paras),
+                "n_supporting": len(supporting),
+                "n_duplicate_keys": len(keys) - len(key_set),
+                "n_empty_keys": sum(1 for k in keys if not k.strip()),
+                "max_key_len": max((len(k) for k in keys), default=0),
+                "n_empty_paragraphs": sum(1 for p in paras if not p["text"].strip()),
+                "max_paragraph_chars": max((len(p["text"]) for p in paras), default=0),
+                "context_chars": sum(len(p["text"]) for p in paras),
+                "n_hops": len(hop_keys),
+                "num_hops": r["num_hops"],
+                # Hop keys must name a paragraph of this record, and a supporting one: the root
+                # hands exactly these keys to clones.
+                "unresolved_hop_keys": sum(1 for k in hop_keys if k not in key_set),
+                "unsupported_hop_keys": sum(1 for k in hop_keys if k in key_set and k not in supporting),
+                "num_hops_mismatch": bool(hop_keys) and r["num_hops"] != len(hop_keys),
+                "n_empty_hop_answers": sum(1 for h in r["hops"] if not h["answer"].strip()),
+                "answer_in_context": (not gold.strip() or gold.lower() in support_text)
+                if r["source"] in answer_sources
+                else True,
+            }
+        )
+    columns = ["_row", "id", "source", "split", "type", "question", "answer"]
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
+
+
+# ---------------------------------------------------------------------------------------- suite
+
+
+def build_suite(limits: Mapping[str, Any] | None = None) -> list[tuple[str, Any]]:
+    """(name, expectation) pairs. Names are what reports and quarantine entries show."""
+    import great_expectations.expectations as gxe
+
+    lim = {**DEFAULT_LIMITS, **(limits or {})}
+
+    def between(col: str, lo: Any = None, hi: Any = None) -> Any:
+        return gxe.ExpectColumnValuesToBeBetween(column=col, min_value=lo, max_value=hi)
+
+    def equal(col: str, value: Any) -> Any:
+        return gxe.ExpectColumnValuesToBeInSet(column=col, value_set=[value])
+
+    suite: list[tuple[str, Any]] = [
+        ("id_unique", gxe.ExpectColumnValuesToBeUnique(column="id")),
+        ("id_not_null", gxe.ExpectColumnValuesToNotBeNull(column="id")),
+        ("id_non_empty", gxe.ExpectColumnValueLengthsToBeBetween(column="id", min_value=1)),
+        ("question_not_null", gxe.ExpectColumnValuesToNotBeNull(column="question")),
+        ("question_len", between("question_len", lim["min_question_chars"], lim["max_question_chars"])),
+        ("answer_non_empty", between("answer_len", 1, lim["max_answer_chars"])),
+        ("no_empty_aliases", equal("n_empty_aliases", 0)),
+        ("paragraph_count", between("n_paragraphs", lim["min_paragraphs"], lim["max_paragraphs"])),
+        ("has_supporting", between("n_supporting", 1, None)),
+        ("paragraph_keys_unique", equal("n_duplicate_keys", 0)),
+        ("paragraph_keys_non_empty", equal("n_empty_keys", 0)),
+        ("paragraph_key_len", between("max_key_len", 1, lim["max_key_chars"])),
+        ("no_empty_paragraphs", equal("n_empty_paragraphs", 0)),
+        ("paragraph_chars", between("max_paragraph_chars", 1, lim["max_paragraph_chars"])),
+        ("context_chars", between("context_chars", 1, lim["max_context_chars"])),
+        ("num_hops_range", between("num_hops", lim["min_num_hops"], lim["max_num_hops"])),
+        ("hop_keys_resolvable", equal("unresolved_hop_keys", 0)),
+        ("hop_keys_supporting", equal("unsupported_hop_keys", 0)),
+        ("num_hops_matches_hops", equal("num_hops_mismatch", False)),
+        ("hop_answers_non_empty", equal("n_empty_hop_answers", 0)),
+        ("answer_in_context", equal("answer_in_context", True)),
+        ("id_is_str", gxe.ExpectColumnValuesToBeOfType(column="id", type_="str")),
+        ("question_is_str", gxe.ExpectColumnValuesToBeOfType(column="question", type_="str")),
+        (
+            "counts_are_int",
+            gxe.ExpectColumnValuesToBeInTypeList(column="n_paragraphs", type_list=["int", "int64", "int32"]),
+        ),
+    ]
+    return suite
+
+
+_RUNS = itertools.count()
+
+
+@functools.cache
+def _gx_context() -> Any:
+    """One ephemeral context per process: each new one makes a temp docs dir and logs at INFO."""
+    # Analytics off: the machines have no internet and GX would try to phone home.
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
+
+
+_DEFINITIONS: dict[str, tuple[Any, dict[str, str]]] = {}
+
+
+def _definition(limits: Mapping[str, Any]) -> tuple[Any, dict[str, str]]:
+    """Validation definition for these limits, built once per process: adding expectations to a
+    GX suite costs ~20 ms each (serialisation), and the dataframe is a run-time parameter anyway."""
+    import great_expectations as gx
+
+    cache_key = json.dumps(limits, sort_keys=True, default=str)
+    if cache_key not in _DEFINITIONS:
+        context = _gx_context()
+        run = f"qa_{next(_RUNS)}"  # the context is shared, so every suite needs fresh names
+        batch = (
+            context.data_sources.add_pandas(run)
+            .add_dataframe_asset("records")
+            .add_batch_definition_whole_dataframe("all")
+        )
+        suite = context.suites.add(gx.ExpectationSuite(name=run))
+        by_id: dict[str, str] = {}
+        for name, exp in build_suite(limits):
+            by_id[suite.add_expectation(exp).id] = name
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=run, data=batch, suite=suite)
+        )
+        _DEFINITIONS[cache_key] = (definition, by_id)
+    return _DEFINITIONS[cache_key]
+
+
+def run_suite(df: pd.DataFrame, limits: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Run the suite; return name -> {success, unexpected_count, rows (list of _row), error}."""
+    definition, by_id = _definition({**DEFAULT_LIMITS, **(limits or {})})
+    result = definition.run(
+        batch_parameters={"dataframe": df},
+        result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["_row"]},
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for res in result.results:
+        name = by_id.get(res.expectation_config.id, res.expectation_config.type)
+        info = res.exception_info or {}
+        raised = bool(info.get("raised_exception")) if isinstance(info, dict) else False
+        rows = sorted({int(item["_row"]) for item in res.result.get("unexpected_index_list") or []})
+        out[name] = {
+            "success": bool(res.success),
+            "unexpected_count": int(res.result.get("unexpected_count") or 0),
+            "rows": rows,
+            "error": info.get("exception_message") if raised else None,
+        }
+        if raised:
+            # A crashed expectation is a bug in the suite, not in the data: fail loudly.
+            raise RuntimeError(f"expectation {name} crashed: {info.get('exception_message')}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------- driver
+
+
+def validate_records(
+    records: Sequence[Any],
+    limits: Mapping[str, Any] | None = None,
+    *,
+    origin: str = "<records>",
+    source: str | None = None,
+    enforce: bool = True,
+    prior: Sequence[Quarantined] = (),
+    files: Sequence[str] | None = None,
+    indices: Sequence[int] | None = None,
+) -> ValidationResult:
+    """Schema check, then the GX suite. `origin` (a file or split name) goes into messages;
+    `files` and `indices` (one per record) give each record's input file and index in that file
+    when records come from several files; by default origin and the position in `records`.
+    `prior`: items an adapter already quarantined from the same input; they count towards the
+    invalid fraction and are returned first.
+
+    Raises QAValidationError when enforce and quarantined / total > max_invalid_fraction.
+    """
+    lim = {**DEFAULT_LIMITS, **(limits or {})}
+    out = ValidationResult()
+
+    def file_of(index: int) -> str:
+        return files[index] if files is not None else origin
+
+    def index_of(index: int) -> int:
+        return indices[index] if indices is not None else index
+
+    well_formed: list[QARecord] = []
+    positions: list[int] = []  # index of each well-formed record in `records`
+    for index, rec in enumerate(records):
+        errors = schema_errors(rec)
+        if errors:
+            rid = rec.get("id") if isinstance(rec, dict) else None
+            out.quarantined.append(
+                Quarantined(
+                    source=source or (rec.get("source", "") if isinstance(rec, dict) else "") or "",
+                    file=file_of(index),
+                    index=index_of(index),
+                    record_id=str(rid) if rid is not None else None,
+                    reasons=[f"schema: {e}" for e in errors],
+                    stage="schema",
+                    split=str(rec.get("split", "")) if isinstance(rec, dict) else "",
+                    record=rec,
+                )
+            )
+        else:
+            well_formed.append(rec)
+            positions.append(index)
+
+    expectations: dict[str, dict[str, Any]] = {}
+    failed_by_row: dict[int, list[str]] = {}
+    if well_formed:
+        df = flatten(well_formed, lim)
+        expectations = run_suite(df, lim)
+        for name, res in expectations.items():
+            for row in res["rows"]:
+                failed_by_row.setdefault(row, []).append(name)
+    for row, rec in enumerate(well_formed):
+        if row in failed_by_row:
+            out.quarantined.append(
+                Quarantined(
+                    source=source or rec["source"],
+                    file=file_of(positions[row]),
+                    index=index_of(positions[row]),
+                    record_id=rec["id"],
+                    reasons=[f"expectation: {n}" for n in failed_by_row[row]],
+                    stage="expectations",
+                    split=rec["split"],
+                    record=rec,
+                )
+            )
+        else:
+            out.kept.append(rec)
+    out.quarantined.sort(key=lambda q: (q.file, q.index if q.index is not None else -1))
+    out.quarantined = [*prior, *out.quarantined]
+
+    total = len(records) + len(prior)
+    invalid_fraction = len(out.quarantined) / total if total else 0.0
+    out.report = {
+        "origin": origin,
+        "total": total,
+        "kept": len(out.kept),
+        "quarantined": len(out.quarantined),
+        "adapter_failures": sum(1 for q in out.quarantined if q.stage == "adapter"),
+        "schema_failures": sum(1 for q in out.quarantined if q.stage == "schema"),
+        "expectation_failures": sum(1 for q in out.quarantined if q.stage == "expectations"),
+        "invalid_fraction": invalid_fraction,
+        "max_invalid_fraction": lim["max_invalid_fraction"],
+        "expectations": {
+            n: {"success": r["success"], "unexpected_count": r["unexpected_count"]}
+            for n, r in expectations.items()
+        },
+    }
+    if enforce and invalid_fraction > lim["max_invalid_fraction"]:
+        first = out.quarantined[0]
+        raise QAValidationError(
+            f"{origin}: {len(out.quarantined)}/{total} records invalid ({invalid_fraction:.1%} > "
+            f"max_invalid_fraction {lim['max_invalid_fraction']:.1%}); first offending record "
+            f"#{first.index} id {first.record_id!r} in {first.file}: {'; '.join(first.reasons)}"
+        )
+    return out

@@ -1,0 +1,293 @@
+"""Stage prepare_qa: synthetic multi-hop QA splits plus adapted real 2Wiki/MuSiQue samples, validated.
+
+Outputs (paths relative to the working directory):
+  data/qa/                   `DatasetDict.save_to_disk`: synthetic train/validation/test/ood plus one
+                             split per real source name (e.g. 2wiki_dev, musique_dev)
+  data/qa/<split>.jsonl      canonical JSON lines of the kept records (byte-stable)
+  data/qa/quarantine.jsonl   every record kept out, with file, index, id and reasons
+  reports/qa_validation.json counts per source and split, invalid fractions, expectations (DVC metrics)
+  reports/qa_validation.md   the same for humans (GX Data Docs need a CDN, so we write our own)
+
+Relative source paths are resolved against the working directory (the repo root under DVC), so
+the default `../shared/data/benchmarks/...` points at the read-only sample files. `s3://` URLs go
+through fsspec/s3fs with the source's `storage_options`.
+
+`--params`, `--out` and `--reports` let tests run the stage on a small params file in a tmp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+# `python stages/prepare_qa.py` puts stages/ (not the repo root) on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from selfcest.data.qa import (  # noqa: E402
+    QARecord,
+    Quarantined,
+    canonical_jsonl,
+    context_text,
+    generate_synthetic,
+    load_source,
+    records_sha256,
+    split_config,
+)
+from selfcest.data.validation import validate_records  # noqa: E402
+from stages.common import PARAMS_FILE, load_params, setup_logging, write_json  # noqa: E402
+
+log = logging.getLogger("prepare_qa")
+
+
+def _features() -> Any:
+    import datasets
+
+    paragraph = {
+        "key": datasets.Value("string"),
+        "title": datasets.Value("string"),
+        "text": datasets.Value("string"),
+        "supporting": datasets.Value("bool"),
+    }
+    hop = {
+        "question": datasets.Value("string"),
+        "answer": datasets.Value("string"),
+        "paragraph_key": datasets.Value("string"),
+    }
+    # Explicit nested schema: inference would fail on a split whose records all have no hops.
+    return datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "question": datasets.Value("string"),
+            "answers": datasets.Sequence(datasets.Value("string")),
+            "paragraphs": [paragraph],
+            "hops": [hop],
+            "source": datasets.Value("string"),
+            "split": datasets.Value("string"),
+            "num_hops": datasets.Value("int32"),
+            "type": datasets.Value("string"),
+        }
+    )
+
+
+def _resolve(path: str) -> str:
+    # URLs (s3://, memory://, ...) pass through; local paths are relative to the working dir.
+    return path if "://" in path else str(Path(path))
+
+
+def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quarantined], dict[str, Any]]:
+    """Everything but the writing: (kept splits, quarantined, metrics)."""
+    qa = params["qa"]
+    limits = params.get("validation") or {}
+    splits: dict[str, list[QARecord]] = {}
+    quarantined: list[Quarantined] = []
+    metrics: dict[str, Any] = {"sources": {}, "splits": {}, "expectations": {}}
+
+    def merge_expectations(name: str, report: dict[str, Any]) -> None:
+        for exp, res in report["expectations"].items():
+            slot = metrics["expectations"].setdefault(exp, {"success": True, "unexpected_count": 0})
+            slot["success"] = slot["success"] and res["success"]
+            slot["unexpected_count"] += res["unexpected_count"]
+
+    # ---- synthetic
+    syn = qa.get("synthetic") or {}
+    if syn.get("enabled", True):
+        defaults = {k: v for k, v in syn.items() if k in ("hops", "paragraphs", "filler_sentences")}
+        configs = {name: split_config(spec, defaults) for name, spec in (syn.get("splits") or {}).items()}
+        generated = generate_synthetic(int(qa["seed"]), configs)
+        for name, records in generated.items():
+            result = validate_records(records, limits, origin=f"synthetic/{name}", source="synthetic")
+            splits[name] = result.kept
+            quarantined += result.quarantined
+            merge_expectations(name, result.report)
+            metrics["sources"][f"synthetic/{name}"] = {
+                "kept": len(result.kept),
+                "quarantined": len(result.quarantined),
+                "invalid_fraction": result.report["invalid_fraction"],
+            }
+
+    # ---- real sources, grouped by output split name (several files may feed one split)
+    real = qa.get("real") or {}
+    if real.get("enabled", True):
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for src in real.get("sources") or []:
+            groups.setdefault(src["name"], []).append(src)
+        for split_name, sources in groups.items():
+            records: list[QARecord] = []
+            files: list[str] = []
+            indices: list[int] = []
+            prior: list[Quarantined] = []
+            seen: dict[str, str] = {}  # id -> canonical JSON of the first copy
+            per_file: dict[str, dict[str, int]] = {}
+            for src in sources:
+                path = _resolve(src["path"])
+                loaded = load_source(
+                    src["format"],
+                    path,
+                    split=src.get("split", "dev"),
+                    source=src.get("source", src["format"]),
+                    storage_options=src.get("storage_options"),
+                )
+                stats = per_file.setdefault(path, {"records": 0, "duplicates_merged": 0})
+                stats["records"] += len(loaded.records) + len(loaded.quarantined)
+                for q in loaded.quarantined:
+                    q.split = split_name
+                prior += loaded.quarantined
+                for index, rec in enumerate(loaded.records):
+                    # The KAG 2Wiki file repeats records of the HippoRAG one: identical copies are
+                    # merged (and counted); same id with other content stays in, so the unique-id
+                    # expectation quarantines it.
+                    blob = json.dumps(rec, sort_keys=True)
+                    if seen.get(rec["id"]) == blob:
+                        stats["duplicates_merged"] += 1
+                        continue
+                    seen.setdefault(rec["id"], blob)
+                    records.append(rec)
+                    files.append(path)
+                    indices.append(index)
+            result = validate_records(
+                records,
+                limits,
+                origin=", ".join(per_file),
+                prior=prior,
+                files=files,
+                indices=indices,
+            )
+            splits[split_name] = result.kept
+            quarantined += result.quarantined
+            merge_expectations(split_name, result.report)
+            q_by_file = Counter(q.file for q in result.quarantined)
+            kept_ids = {id(r) for r in result.kept}  # identity: kept holds the same objects
+            kept_by_file = Counter(f for f, r in zip(files, records, strict=True) if id(r) in kept_ids)
+            for path, stats in per_file.items():
+                metrics["sources"][f"{split_name}/{Path(path).name}"] = {
+                    "kept": kept_by_file[path],
+                    "quarantined": q_by_file[path],
+                    "duplicates_merged": stats["duplicates_merged"],
+                    "invalid_fraction": q_by_file[path] / stats["records"] if stats["records"] else 0.0,
+                }
+
+    # ---- per-split summary and a leakage check (eval questions seen in train)
+    train_sigs = {(r["question"], r["answers"][0]) for r in splits.get("train", [])}
+    for name, records in splits.items():
+        n_par = [len(r["paragraphs"]) for r in records] or [0]
+        hops = [r["num_hops"] for r in records] or [0]
+        chars = [len(context_text(r)) for r in records] or [0]
+        metrics["splits"][name] = {
+            "kept": len(records),
+            "quarantined": sum(1 for q in quarantined if q.split == name),
+            "paragraphs_min": min(n_par),
+            "paragraphs_max": max(n_par),
+            "num_hops_min": min(hops),
+            "num_hops_max": max(hops),
+            "context_chars_mean": round(sum(chars) / len(chars), 1),
+            "context_chars_max": max(chars),
+            "sha256": records_sha256(records),
+            "in_train": 0
+            if name == "train"
+            else sum(1 for r in records if (r["question"], r["answers"][0]) in train_sigs),
+        }
+    total_kept = sum(len(v) for v in splits.values())
+    total = total_kept + len(quarantined)
+    metrics.update(
+        kept=total_kept,
+        quarantined=len(quarantined),
+        invalid_fraction=len(quarantined) / total if total else 0.0,
+        max_invalid_fraction=float((limits or {}).get("max_invalid_fraction", 0.05)),
+    )
+    return splits, quarantined, metrics
+
+
+def render_markdown(metrics: dict[str, Any], quarantined: list[Quarantined]) -> str:
+    lines = [
+        "# QA data validation",
+        "",
+        "Generated by `stages/prepare_qa.py` (Great Expectations suite in "
+        "`src/selfcest/data/validation.py`); do not edit by hand.",
+        "",
+        f"Kept {metrics['kept']} records, quarantined {metrics['quarantined']} "
+        f"(invalid fraction {metrics['invalid_fraction']:.2%}, stop above "
+        f"{metrics['max_invalid_fraction']:.2%}).",
+        "",
+        "## Sources",
+        "",
+        "| source | kept | quarantined | duplicates merged | invalid fraction |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in metrics["sources"].items():
+        lines.append(
+            f"| {name} | {s['kept']} | {s['quarantined']} | {s.get('duplicates_merged', 0)} | "
+            f"{s['invalid_fraction']:.2%} |"
+        )
+    lines += [
+        "",
+        "## Splits",
+        "",
+        "| split | kept | quarantined | paragraphs | hops | context chars (mean / max) | in train | sha256 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in metrics["splits"].items():
+        lines.append(
+            f"| {name} | {s['kept']} | {s['quarantined']} | {s['paragraphs_min']}-{s['paragraphs_max']} | "
+            f"{s['num_hops_min']}-{s['num_hops_max']} | {s['context_chars_mean']} / {s['context_chars_max']} | "
+            f"{s['in_train']} | `{s['sha256'][:16]}` |"
+        )
+    lines += ["", "## Expectations", "", "| expectation | success | unexpected |", "|---|---|---|"]
+    for name, e in sorted(metrics["expectations"].items()):
+        lines.append(f"| {name} | {'yes' if e['success'] else '**no**'} | {e['unexpected_count']} |")
+    lines += ["", "## Quarantined records", ""]
+    if not quarantined:
+        lines.append("None.")
+    for q in quarantined[:200]:
+        lines.append(f"- `{q.file}` #{q.index} id `{q.record_id}` ({q.stage}): {'; '.join(q.reasons)}")
+    if len(quarantined) > 200:
+        lines.append(f"- ... {len(quarantined) - 200} more in data/qa/quarantine.jsonl")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=PARAMS_FILE)
+    parser.add_argument("--out", type=Path, default=Path("data/qa"))
+    parser.add_argument("--reports", type=Path, default=Path("reports"))
+    args = parser.parse_args(argv)
+    setup_logging()
+
+    import datasets  # deferred: importing datasets takes a few seconds and `--help` should not
+
+    datasets.disable_progress_bars()
+    started = time.perf_counter()
+    splits, quarantined, metrics = build(load_params(args.params))
+
+    # Start from an empty directory so a split dropped from the params leaves no stale files.
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    features = _features()
+    dataset = datasets.DatasetDict(
+        {name: datasets.Dataset.from_list(records, features=features) for name, records in splits.items()}
+    )
+    dataset.save_to_disk(str(args.out))
+    for name, records in splits.items():
+        (args.out / f"{name}.jsonl").write_text(canonical_jsonl(records), encoding="utf-8")
+    (args.out / "quarantine.jsonl").write_text(
+        canonical_jsonl(q.to_dict() for q in quarantined), encoding="utf-8"
+    )
+    write_json(args.reports / "qa_validation.json", metrics)
+    (args.reports / "qa_validation.md").write_text(render_markdown(metrics, quarantined), encoding="utf-8")
+    log.info(
+        "wrote %s (%s; %d quarantined) in %.1fs",
+        args.out,
+        ", ".join(f"{k}={len(v)}" for k, v in splits.items()),
+        len(quarantined),
+        time.perf_counter() - started,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""QA adapters (real 2Wiki/MuSiQue sample files, corrupted copies, s3://) and the synthetic generator."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+from selfcest.data.qa import (
+    QADataError,
+    generate_synthetic,
+    load_2wiki,
+    load_musique,
+    make_keys,
+    records_sha256,
+    slugify,
+)
+
+BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
+if not BENCH.exists():  # the checkout may live elsewhere; the shared dir has a fixed home
+    BENCH = Path("/work/shared/data/benchmarks")
+WIKI = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
+WIKI_KAG = BENCH / "2wikimultihopqa" / "kag_2wiki_qa_sub.json"
+MUSIQUE = BENCH / "musique" / "kag_musique_qa_100.json"
+MUSIQUE_SUB = BENCH / "musique" / "kag_musique_qa_sub.json"
+
+SMALL = {
+    "train": {"count": 40},
+    "test": {"count": 20},
+    "ood": {"count": 20, "hops": [3, 3], "paragraphs": [18, 22]},
+}
+
+
+def _write(path: Path, data: object) -> Path:
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def _check_keys(rec: dict) -> None:
+    keys = [p["key"] for p in rec["paragraphs"]]
+    assert len(keys) == len(set(keys)) and all(keys)
+    assert all(h["paragraph_key"] in keys for h in rec["hops"])
+    supporting = {p["key"] for p in rec["paragraphs"] if p["supporting"]}
+    assert {h["paragraph_key"] for h in rec["hops"]} <= supporting
+
+
+# ---------------------------------------------------------------------------------------- real files
+
+
+@pytest.mark.parametrize(("path", "count"), [(WIKI, 10), (WIKI_KAG, 2)])
+def test_every_real_2wiki_record_loads(path: Path, count: int) -> None:
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    result = load_2wiki(str(path))
+    assert result.quarantined == []
+    assert len(result.records) == len(raw) == count
+    for rec, src in zip(result.records, raw, strict=True):
+        assert rec["id"] == src["_id"] and rec["answers"][0] == src["answer"]
+        assert rec["source"] == "2wikimultihopqa" and rec["type"] == src["type"]
+        assert len(rec["paragraphs"]) == len(src["context"])
+        sup_titles = {t for t, _ in src["supporting_facts"]}
+        assert {p["title"] for p in rec["paragraphs"] if p["supporting"]} == sup_titles
+        assert len(rec["hops"]) == len(src["evidences"]) == rec["num_hops"]
+        _check_keys(rec)
+
+
+@pytest.mark.parametrize(("path", "count"), [(MUSIQUE, 100), (MUSIQUE_SUB, 3)])
+def test_every_real_musique_record_loads(path: Path, count: int) -> None:
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    result = load_musique(str(path), split="dev")
+    assert result.quarantined == []
+    assert len(result.records) == len(raw) == count
+    for rec, src in zip(result.records, raw, strict=True):
+        assert rec["answers"][0] == src["answer"]
+        assert set(rec["answers"][1:]) <= set(src["answer_aliases"])
+        assert rec["num_hops"] == len(src["question_decomposition"]) == len(rec["hops"])
+        assert rec["type"] == src["id"].split("__")[0]
+        for hop, step in zip(rec["hops"], src["question_decomposition"], strict=True):
+            para = src["paragraphs"][step["paragraph_support_idx"]]
+            assert (
+                next(p for p in rec["paragraphs"] if p["key"] == hop["paragraph_key"])["title"]
+                == para["title"]
+            )
+        _check_keys(rec)
+
+
+def test_keys_are_short_unique_slugs() -> None:
+    assert slugify("Aldri annet enn bråk") == "aldri-annet-enn-brak"
+    assert make_keys(["My Fair Lady", "My Fair Lady", "my fair lady!"]) == [
+        "my-fair-lady",
+        "my-fair-lady-2",
+        "my-fair-lady-3",
+    ]
+    assert len(slugify("x " * 100)) <= 32
+
+
+# ---------------------------------------------------------------------------------------- corruption
+
+
+def test_missing_field_is_quarantined_with_file_record_and_field(tmp_path: Path) -> None:
+    data = json.loads(WIKI.read_text(encoding="utf-8"))
+    del data[3]["answer"]
+    path = _write(tmp_path / "wiki.json", data)
+    result = load_2wiki(str(path))
+    assert len(result.records) == 9 and len(result.quarantined) == 1
+    q = result.quarantined[0]
+    assert (q.index, q.record_id, q.file) == (3, data[3]["_id"], str(path))
+    assert "'answer'" in q.reasons[0] and "missing" in q.reasons[0]
+
+
+def test_wrong_type_is_quarantined(tmp_path: Path) -> None:
+    data = json.loads(MUSIQUE_SUB.read_text(encoding="utf-8"))
+    data[1]["paragraphs"] = "not a list"
+    data[2]["paragraphs"][4]["is_supporting"] = "yes"
+    result = load_musique(str(_write(tmp_path / "m.json", data)))
+    assert [q.index for q in result.quarantined] == [1, 2]
+    assert "field 'paragraphs': expected list, got str" in result.quarantined[0].reasons[0]
+    assert "paragraphs[4].is_supporting" in result.quarantined[1].reasons[0]
+
+
+def test_unknown_supporting_title_and_idx_are_quarantined(tmp_path: Path) -> None:
+    wiki = json.loads(WIKI.read_text(encoding="utf-8"))
+    wiki[0]["supporting_facts"][0][0] = "No Such Title"
+    wiki[1]["context"] = []  # empty context: its supporting facts cannot resolve either
+    res = load_2wiki(str(_write(tmp_path / "w.json", wiki)))
+    assert [q.index for q in res.quarantined] == [0, 1]
+    assert "unknown supporting title 'No Such Title'" in res.quarantined[0].reasons[0]
+    assert "supporting_facts[0]" in res.quarantined[1].reasons[0]
+
+    mus = json.loads(MUSIQUE_SUB.read_text(encoding="utf-8"))
+    mus[0]["question_decomposition"][1]["paragraph_support_idx"] = 99
+    res = load_musique(str(_write(tmp_path / "m.json", mus)))
+    assert len(res.quarantined) == 1
+    assert "unknown supporting paragraph idx 99" in res.quarantined[0].reasons[0]
+    assert "question_decomposition[1].paragraph_support_idx" in res.quarantined[0].reasons[0]
+
+
+def test_unanswerable_musique_is_quarantined(tmp_path: Path) -> None:
+    mus = json.loads(MUSIQUE_SUB.read_text(encoding="utf-8"))
+    mus[0]["answerable"] = False
+    res = load_musique(str(_write(tmp_path / "m.json", mus)))
+    assert len(res.records) == 2 and "unanswerable" in res.quarantined[0].reasons[0]
+
+
+def test_truncated_json_raises_naming_file(tmp_path: Path) -> None:
+    path = tmp_path / "trunc.json"
+    path.write_bytes(WIKI.read_bytes()[:5000])
+    with pytest.raises(QADataError, match=r"trunc\.json: invalid JSON \(truncated\?\) at line"):
+        load_2wiki(str(path))
+    lines = tmp_path / "trunc.jsonl"  # the official MuSiQue format is JSON lines
+    recs = json.loads(MUSIQUE_SUB.read_text(encoding="utf-8"))
+    text = "".join(json.dumps(r) + "\n" for r in recs)
+    lines.write_text(text[: len(text) - 100], encoding="utf-8")
+    with pytest.raises(QADataError, match=r"trunc\.jsonl: invalid JSON on line 3"):
+        load_musique(str(lines))
+
+
+def test_musique_jsonl_loads(tmp_path: Path) -> None:
+    recs = json.loads(MUSIQUE_SUB.read_text(encoding="utf-8"))
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    assert len(load_musique(str(path)).records) == 3
+
+
+def test_non_utf8_raises_naming_file_and_byte(tmp_path: Path) -> None:
+    raw = WIKI.read_bytes()
+    path = tmp_path / "latin1.json"
+    path.write_bytes(raw[:300] + b"\xff\xfe" + raw[300:])
+    with pytest.raises(QADataError, match=r"latin1\.json: not valid UTF-8 at byte 300"):
+        load_2wiki(str(path))
+
+
+def test_missing_file_and_wrong_top_level(tmp_path: Path) -> None:
+    with pytest.raises(QADataError, match="nope.json: file not found"):
+        load_2wiki(str(tmp_path / "nope.json"))
+    path = _write(tmp_path / "obj.json", [1, {"_id": "x"}])
+    res = load_2wiki(str(path))
+    assert len(res.quarantined) == 2 and "expected an object, got int" in res.quarantined[0].reasons[0]
+
+
+# ---------------------------------------------------------------------------------------- s3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_load_from_s3_through_moto_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("moto")
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(var, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=endpoint)
+        fs.mkdir("qa-bucket")
+        fs.pipe("qa-bucket/2wiki/dev.json", WIKI.read_bytes())
+        fs.pipe("qa-bucket/musique/dev.json", MUSIQUE_SUB.read_bytes())
+        opts = {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
+        wiki = load_2wiki("s3://qa-bucket/2wiki/dev.json", storage_options=opts)
+        assert len(wiki.records) == 10 and not wiki.quarantined
+        # The endpoint may also come from the environment.
+        monkeypatch.setenv("SELFCEST_S3_ENDPOINT_URL", endpoint)
+        mus = load_musique(
+            "s3://qa-bucket/musique/dev.json", storage_options={"key": "testing", "secret": "testing"}
+        )
+        assert len(mus.records) == 3
+        with pytest.raises(QADataError, match="s3://qa-bucket/missing.json: file not found"):
+            load_2wiki("s3://qa-bucket/missing.json", storage_options=opts)
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------------------------- synthetic
+
+
+def test_synthetic_is_deterministic() -> None:
+    a = generate_synthetic(7, SMALL)
+    b = generate_synthetic(7, SMALL)
+    c = generate_synthetic(8, SMALL)
+    for split in SMALL:
+        assert records_sha256(a[split]) == records_sha256(b[split])
+        assert records_sha256(a[split]) != records_sha256(c[split])
+    # One split's count does not change another split's bytes.
+    d = generate_synthetic(7, {**SMALL, "ood": {**SMALL["ood"], "count": 5}})
+    assert records_sha256(d["train"]) == records_sha256(a["train"])
+
+
+def test_synthetic_records_are_answerable_from_hop_paragraphs() -> None:
+    splits = generate_synthetic(3, SMALL)
+    ids: set[str] = set()
+    for split, records in splits.items():
+        for rec in records:
+            assert rec["id"] not in ids and rec["split"] == split and rec["source"] == "synthetic"
+            ids.add(rec["id"])
+            _check_keys(rec)
+            by_key = {p["key"]: p for p in rec["paragraphs"]}
+            assert {p["key"] for p in rec["paragraphs"] if p["supporting"]} == {
+                h["paragraph_key"] for h in rec["hops"]
+            }
+            assert len(rec["hops"]) == rec["num_hops"]
+            prev = None
+            for hop in rec["hops"]:
+                para = by_key[hop["paragraph_key"]]
+                # The hop's paragraph is about the hop's subject and states the answer in a sentence
+                # naming that subject; the chain passes each answer on to the next hop.
+                assert para["title"] in hop["question"]
+                sentences = [s for s in para["text"].split(". ") if para["title"] in s]
+                assert any(re.search(rf"\b{re.escape(hop['answer'])}\b", s) for s in sentences)
+                if prev is not None:
+                    assert para["title"] == prev
+                prev = hop["answer"]
+            assert prev == rec["answers"][0]
+            assert not re.search(rf"\b{rec['answers'][0]}\b", rec["question"])
+            # Names come from the closed syllable set, so the tiny tokenizer sees few pieces.
+            assert all(re.fullmatch(r"[A-Z][a-z]{3,5}", p["title"]) for p in rec["paragraphs"])
+
+
+def test_ood_has_more_hops_and_paragraphs() -> None:
+    splits = generate_synthetic(5, SMALL)
+    train, ood = splits["train"], splits["ood"]
+    assert min(r["num_hops"] for r in ood) > max(r["num_hops"] for r in train)
+    assert min(len(r["paragraphs"]) for r in ood) > max(len(r["paragraphs"]) for r in train)
+    assert all(10 <= len(r["paragraphs"]) <= 16 for r in train)
+    # Full context is long (a tiny model's 512-token window), one paragraph is short.
+    ctx = [sum(len(p["text"]) for p in r["paragraphs"]) for r in train]
+    assert min(ctx) > 600 and max(len(p["text"]) for r in train for p in r["paragraphs"]) < 300
+    questions = {r["question"] for r in train}
+    assert not questions & {r["question"] for r in splits["test"]}
+
+
+def test_synthetic_is_json_round_trippable() -> None:
+    rec = generate_synthetic(1, {"train": {"count": 1}})["train"][0]
+    assert json.loads(json.dumps(rec)) == copy.deepcopy(rec)

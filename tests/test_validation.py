@@ -1,0 +1,204 @@
+"""GX validation of unified QA records and the prepare_qa stage end to end."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from selfcest.data.qa import generate_synthetic, load_2wiki, load_musique
+from selfcest.data.validation import QAValidationError, flatten, schema_errors, validate_records
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT.parent / "shared" / "data" / "benchmarks"
+if not BENCH.exists():
+    BENCH = Path("/work/shared/data/benchmarks")
+WIKI = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
+WIKI_KAG = BENCH / "2wikimultihopqa" / "kag_2wiki_qa_sub.json"
+MUSIQUE = BENCH / "musique" / "kag_musique_qa_100.json"
+LOOSE = {"max_invalid_fraction": 1.0}
+
+
+@pytest.fixture(scope="module")
+def real() -> list[dict]:
+    return load_2wiki(str(WIKI)).records + load_musique(str(MUSIQUE)).records
+
+
+def _reasons(result, record_id: str) -> list[str]:
+    return [r for q in result.quarantined if q.record_id == record_id for r in q.reasons]
+
+
+def test_real_and_synthetic_records_pass(real: list[dict]) -> None:
+    synthetic = generate_synthetic(0, {"train": {"count": 30}, "ood": {"count": 10, "hops": 3}})
+    records = real + synthetic["train"] + synthetic["ood"]
+    result = validate_records(records, origin="mixed")
+    assert result.quarantined == [] and len(result.kept) == len(records)
+    assert result.report["invalid_fraction"] == 0.0
+    assert all(e["success"] for e in result.report["expectations"].values())
+    df = flatten(records)
+    assert {"n_paragraphs", "n_supporting", "unresolved_hop_keys", "answer_len", "question_len"} <= set(df)
+
+
+def test_schema_check_catches_missing_field_and_wrong_type(real: list[dict]) -> None:
+    recs = copy.deepcopy(real[:4])
+    del recs[0]["question"]
+    recs[1]["num_hops"] = "2"
+    recs[2]["paragraphs"][0]["supporting"] = 1
+    assert schema_errors(recs[0]) == ["field 'question': missing"]
+    assert schema_errors(recs[1]) == ["field 'num_hops': expected int, got str"]
+    assert schema_errors(recs[2]) == ["field 'paragraphs[0].supporting': expected bool, got int"]
+    result = validate_records(recs, LOOSE, origin="f.json")
+    assert [q.stage for q in result.quarantined] == ["schema"] * 3
+    assert [q.index for q in result.quarantined] == [0, 1, 2]
+    assert result.quarantined[0].record_id == real[0]["id"] and result.quarantined[0].file == "f.json"
+    assert len(result.kept) == 1
+
+
+def test_expectations_map_failures_to_record_ids(real: list[dict]) -> None:
+    recs = copy.deepcopy(real[:8])
+    recs[1]["id"] = recs[0]["id"]  # duplicate id: both copies are ambiguous
+    recs[2]["paragraphs"] = []  # empty context
+    recs[2]["hops"] = []
+    recs[3]["hops"][0]["paragraph_key"] = "no-such-key"  # unknown supporting key
+    recs[4]["answers"] = [" "]  # empty answer
+    recs[5]["paragraphs"][0]["text"] = "x" * 9000  # over max_paragraph_chars
+    recs[6]["paragraphs"][1]["key"] = recs[6]["paragraphs"][0]["key"]  # repeated key
+    result = validate_records(recs, LOOSE, origin="corrupt")
+    assert _reasons(result, recs[0]["id"]) == ["expectation: id_unique"] * 2
+    assert {"expectation: paragraph_count", "expectation: has_supporting"} <= set(
+        _reasons(result, recs[2]["id"])
+    )
+    assert "expectation: hop_keys_resolvable" in _reasons(result, recs[3]["id"])
+    assert _reasons(result, recs[4]["id"]) == ["expectation: answer_non_empty"]
+    assert _reasons(result, recs[5]["id"]) == ["expectation: paragraph_chars"]
+    assert "expectation: paragraph_keys_unique" in _reasons(result, recs[6]["id"])
+    assert [r["id"] for r in result.kept] == [recs[7]["id"]]
+    exp = result.report["expectations"]
+    assert exp["id_unique"] == {"success": False, "unexpected_count": 2}
+    assert exp["question_len"]["success"]
+
+
+def test_synthetic_answer_must_be_in_context() -> None:
+    rec = generate_synthetic(0, {"train": {"count": 2}})["train"]
+    bad = copy.deepcopy(rec)
+    bad[0]["answers"] = ["Zzzz"]
+    result = validate_records(bad, LOOSE)
+    assert _reasons(result, bad[0]["id"]) == ["expectation: answer_in_context"]
+
+
+def test_threshold_stops_with_file_record_and_expectation(real: list[dict]) -> None:
+    recs = copy.deepcopy(real[:10])
+    recs[3]["answers"] = [""]
+    with pytest.raises(QAValidationError) as err:
+        validate_records(recs, {"max_invalid_fraction": 0.05}, origin="wiki.json")
+    msg = str(err.value)
+    assert "wiki.json" in msg and recs[3]["id"] in msg and "answer_non_empty" in msg and "1/10" in msg
+    assert len(validate_records(recs, {"max_invalid_fraction": 0.1}).kept) == 9
+
+
+# ---------------------------------------------------------------------------------------- stage
+
+
+def _stage_params(tmp_path: Path, sources: list[dict]) -> Path:
+    params = {
+        "seed": 3,
+        "qa": {
+            "seed": 3,
+            "synthetic": {
+                "paragraphs": [10, 12],
+                "splits": {
+                    "train": {"count": 20},
+                    "validation": {"count": 5},
+                    "test": {"count": 5},
+                    "ood": {"count": 5, "hops": [3, 3], "paragraphs": [16, 18]},
+                },
+            },
+            "real": {"enabled": True, "sources": sources},
+        },
+        "validation": {"max_invalid_fraction": 0.2},
+    }
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params), encoding="utf-8")
+    return path
+
+
+def test_stage_end_to_end(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    import datasets
+
+    from stages import prepare_qa
+
+    wiki = json.loads(WIKI.read_text(encoding="utf-8"))
+    wiki[5]["question"] = 5  # wrong type -> quarantined by the adapter, stage continues
+    bad_wiki = tmp_path / "wiki.json"
+    bad_wiki.write_text(json.dumps(wiki), encoding="utf-8")
+    sources = [
+        {
+            "name": "2wiki_dev",
+            "format": "2wiki",
+            "source": "2wikimultihopqa",
+            "split": "dev",
+            "path": str(bad_wiki),
+        },
+        {
+            "name": "2wiki_dev",
+            "format": "2wiki",
+            "source": "2wikimultihopqa",
+            "split": "dev",
+            "path": str(WIKI_KAG),
+        },
+        {
+            "name": "musique_dev",
+            "format": "musique",
+            "source": "musique",
+            "split": "dev",
+            "path": str(MUSIQUE),
+        },
+    ]
+    params = _stage_params(tmp_path, sources)
+    out, reports = tmp_path / "data" / "qa", tmp_path / "reports"
+    prepare_qa.main(["--params", str(params), "--out", str(out), "--reports", str(reports)])
+
+    dd = datasets.load_from_disk(str(out))
+    assert set(dd) == {"train", "validation", "test", "ood", "2wiki_dev", "musique_dev"}
+    assert dd["train"].num_rows == 20 and dd["musique_dev"].num_rows == 100
+    # 10 - 1 quarantined; the 2 KAG copies are identical to HippoRAG records and merged.
+    assert dd["2wiki_dev"].num_rows == 9
+    first = json.loads((out / "train.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    assert first == dd["train"][0]
+
+    quarantine = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert len(quarantine) == 1 and quarantine[0]["record_id"] == wiki[5]["_id"]
+    assert "field 'question': expected str, got int" in quarantine[0]["reasons"][0]
+
+    metrics = json.loads((reports / "qa_validation.json").read_text(encoding="utf-8"))
+    assert metrics["quarantined"] == 1 and metrics["kept"] == 20 + 5 + 5 + 5 + 9 + 100
+    assert metrics["sources"]["2wiki_dev/wiki.json"] == {
+        "kept": 9,
+        "quarantined": 1,
+        "duplicates_merged": 0,
+        "invalid_fraction": 0.1,
+    }
+    assert metrics["sources"]["2wiki_dev/kag_2wiki_qa_sub.json"]["duplicates_merged"] == 2
+    assert metrics["splits"]["ood"]["num_hops_min"] == 3
+    md = (reports / "qa_validation.md").read_text(encoding="utf-8")
+    assert "# QA data validation" in md and wiki[5]["_id"] in md
+
+    # Same params -> same bytes.
+    before = (out / "ood.jsonl").read_bytes()
+    prepare_qa.main(["--params", str(params), "--out", str(out), "--reports", str(reports)])
+    assert (out / "ood.jsonl").read_bytes() == before
+
+    # Over the threshold the stage stops and names the file, record and reason.
+    wiki[1]["answer"] = None
+    wiki[2]["context"] = "oops"
+    bad_wiki.write_text(json.dumps(wiki), encoding="utf-8")
+    with pytest.raises(
+        QAValidationError,
+        match=r"3/11 records invalid.*first offending record #1 id .a80d84e7096d11ebbdb0ac1f6bf848b6. in \S*wiki\.json: field .answer.: missing",
+    ):
+        prepare_qa.main(["--params", str(params), "--out", str(out), "--reports", str(reports)])
