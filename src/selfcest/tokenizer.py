@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 PAD_TOKEN = "<|endoftext|>"
@@ -74,10 +74,14 @@ def train_tokenizer(
     """
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
+    # No GPT-2 word regex: merges may cross spaces, so the boilerplate every prompt repeats (system
+    # prompts, the tool schema, JSON keys) costs few tokens. Capitalised words (names) and digits are
+    # split out first, so a name is the same tokens wherever it stands and can be copied.
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            pre_tokenizers.Split(Regex(r"[A-Z][a-z]*"), behavior="isolated"),
             pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
     tokenizer.decoder = decoders.ByteLevel()

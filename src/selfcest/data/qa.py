@@ -126,9 +126,13 @@ _SLUG_MAX = 32
 
 
 def slugify(title: str, max_len: int = _SLUG_MAX) -> str:
-    """Lower-case ASCII slug; accents folded so keys stay cheap for small tokenizers."""
+    """ASCII slug of a title, case kept; accents folded so keys stay cheap for small tokenizers.
+
+    Case is kept so that a one-word title is its own key (the paper's root sees paragraph titles):
+    the root then copies a name from the question into `context` as it is written.
+    """
     folded = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode("ascii")
-    slug = re.sub(r"[^a-z0-9]+", "-", folded.lower()).strip("-")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", folded).strip("-")
     if len(slug) > max_len:
         # Cut at a word boundary when one is close, so keys stay readable.
         cut = slug[:max_len]
@@ -143,10 +147,10 @@ def make_keys(titles: Sequence[str]) -> list[str]:
     for title in titles:
         base = slugify(title)
         key, n = base, 1
-        while key in used:
+        while key.lower() in used:  # keys differing only in case would confuse readers
             n += 1
             key = f"{base}-{n}"
-        used.add(key)
+        used.add(key.lower())
         keys.append(key)
     return keys
 

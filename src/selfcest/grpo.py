@@ -1,0 +1,334 @@
+"""SELFCEST GRPO on TRL: root rollouts from the project's runtime, plus one training row per clone.
+
+TRL's `GRPOTrainer` does the group-relative advantages, the clipped surrogate, the KL term and the
+training loop. This module adds what SELFCEST needs on top:
+
+- `rollout_func`: each TRL prompt (a task id, repeated G times by TRL's sampler) becomes one
+  whole episode of the runtime; the root's multi-turn trajectory is one row whose tool-response
+  tokens are masked out with TRL's `env_mask`.
+- `SelfcestGRPOTrainer._generate_and_score_completions`: after TRL has computed the roots'
+  advantages A_root (group mean, optionally / group std), every clone trajectory of the episode is
+  appended as an extra row with advantage
+
+      A_clone = A_root * w_i,   w_i = gate (none | protocol | ratio, see `rewards.clone_gate`)
+
+  optionally divided by the episode's clone count (`clone_weighting="group"`), so that a root that
+  spawns many clones does not get a larger update. With beta = 0 and w_i >= 0 the clipped
+  surrogate is linear in the advantage, so this is exactly a per-row weight on TRL's own loss.
+- TRL's hidden rules: every rank must hold the same row count (clone rows are padded with
+  zero-weight dummy rows to the largest rank), the generation batch must split evenly into
+  `steps_per_generation` slices (padded the same way), `num_items_in_batch` is recounted with the
+  clone tokens, and old/reference log-probs are recomputed for the augmented batch when TRL uses them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from trl import GRPOTrainer
+from trl.trainer.utils import pad
+
+from selfcest.engine import GenerationEngine, SamplingConfig, TransformersEngine
+from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward
+from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task
+from selfcest.tasks import score_episode
+
+log = logging.getLogger(__name__)
+
+ROLE_ROOT, ROLE_CLONE, ROLE_PAD = 0, 1, 2
+
+
+@dataclass
+class SelfcestConfig:
+    """SELFCEST's knobs beside TRL's `GRPOConfig`."""
+
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """Limits and budgets of training episodes; `use_tools=False` trains the no-clone baseline."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    clone_weighting: Literal["token", "group"] = "token"
+    """`token`: every clone row counts like a root row (the release); `group`: clone advantages are
+    divided by the episode's clone count, so the number of clones does not scale the update."""
+    temperature: float = 1.0
+    seed: int = 42
+    engine_factory: Callable[[Any, Any], GenerationEngine] | None = None
+    """Builds the rollout engine from (model, tokenizer); default `TransformersEngine`. Tests pass a
+    scripted policy here; the paper profile would pass a vLLM engine."""
+
+
+def agent_row(agent: AgentRecord) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, completion ids, env mask) of one agent: the completion starts at its first
+    generated token; tool messages inside it are masked (0)."""
+    first = agent.generated_mask.index(1) if 1 in agent.generated_mask else len(agent.token_ids)
+    prompt, completion = agent.token_ids[:first], agent.token_ids[first:]
+    mask = agent.generated_mask[first:]
+    if not completion:  # an agent that never generated (no budget left): one masked token keeps shapes valid
+        completion, mask = [agent.token_ids[-1]], [0]
+    return list(prompt), list(completion), list(mask)
+
+
+def episode_stats(
+    episodes: Sequence[Episode], accuracies: Sequence[float], gates: Sequence[list[float]]
+) -> dict[str, float]:
+    n = max(1, len(episodes))
+    clone_weights = [w for ws in gates for w in ws]
+    return {
+        "selfcest/accuracy": sum(accuracies) / n,
+        "selfcest/root_tokens": sum(e.root.generated_tokens for e in episodes) / n,
+        "selfcest/clone_tokens": sum(e.generated_tokens - e.root.generated_tokens for e in episodes) / n,
+        "selfcest/total_tokens": sum(e.total_tokens for e in episodes) / n,
+        "selfcest/critical_tokens": sum(e.critical_path_tokens for e in episodes) / n,
+        "selfcest/clones_per_episode": sum(e.num_clones for e in episodes) / n,
+        "selfcest/delegation_rate": sum(e.num_clones > 0 for e in episodes) / n,
+        "selfcest/gate_rate": (sum(w != 0 for w in clone_weights) / len(clone_weights))
+        if clone_weights
+        else float("nan"),
+        "selfcest/protocol_error_rate": sum(bool(e.protocol_errors) for e in episodes) / n,
+    }
+
+
+def make_rollout_func(
+    tasks: Mapping[str, Task], config: SelfcestConfig
+) -> Callable[[list[str], GRPOTrainer], dict[str, Any]]:
+    """TRL `rollout_func`: prompts are task ids; returns one row per prompt, plus clone rows as extras."""
+
+    def rollout(prompts: list[str], trainer: GRPOTrainer) -> dict[str, Any]:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        model.eval()
+        factory = config.engine_factory or TransformersEngine
+        engine = factory(model, trainer.processing_class)
+        seed = config.seed + 7919 * trainer.state.global_step + 104729 * trainer.accelerator.process_index
+        try:
+            episodes = Runtime(engine, config.runtime).run(
+                [tasks[p] for p in prompts],
+                sampling=SamplingConfig(temperature=config.temperature, seed=seed),
+            )
+        finally:
+            model.train(was_training)
+        out: dict[str, Any] = {
+            k: [] for k in ("prompt_ids", "completion_ids", "env_mask", "reward", "clone_rows")
+        }
+        accuracies, gates = [], []
+        for prompt, episode in zip(prompts, episodes, strict=True):
+            accuracy = score_episode(episode, tasks[prompt].metadata)["accuracy"]
+            reward = episode_reward(episode, accuracy, config.reward).total
+            prompt_ids, completion_ids, env_mask = agent_row(episode.root)
+            out["prompt_ids"].append(prompt_ids)
+            out["completion_ids"].append(completion_ids)
+            out["env_mask"].append(env_mask)
+            out["reward"].append(reward)
+            clones = [a for a in episode.agents if a.role == "clone"]
+            weights = [clone_gate(clone, reward, config.gate) for clone in clones]
+            if config.clone_weighting == "group" and clones:
+                weights = [w / len(clones) for w in weights]
+            out["clone_rows"].append([(*agent_row(c), w) for c, w in zip(clones, weights, strict=True)])
+            accuracies.append(accuracy)
+            gates.append(weights)
+        out["logprobs"] = None  # TRL recomputes log-probs itself when it needs them (no vLLM here)
+        mode = "train" if was_training else "eval"
+        for name, value in episode_stats(episodes, accuracies, gates).items():
+            trainer._metrics[mode][name].append(value)
+        return out
+
+    return rollout
+
+
+def reward_from_rollout(
+    prompts: list[str], completions: list[Any], completion_ids: list[list[int]], reward: list[float], **_: Any
+) -> list[float]:
+    """The episode reward computed inside the rollout (it needs the whole tree, not just the root text)."""
+    return list(reward)
+
+
+class SelfcestGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose generation batch also trains every clone trajectory, weighted by its gate."""
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        return self._add_clone_rows(output, [row.get("clone_rows", []) for row in inputs])
+
+    def _add_clone_rows(self, output: dict[str, Any], clone_rows: list[list[tuple]]) -> dict[str, Any]:
+        device = output["prompt_ids"].device
+        advantages = output["advantages"]
+        roots = output["prompt_ids"].size(0)
+        prompts = [ids[m.bool()] for ids, m in zip(output["prompt_ids"], output["prompt_mask"], strict=True)]
+        completions = [
+            ids[m.bool()] for ids, m in zip(output["completion_ids"], output["completion_mask"], strict=True)
+        ]
+        tool_mask = output.get("tool_mask")
+        env_masks = [
+            (
+                tool_mask[i][output["completion_mask"][i].bool()]
+                if tool_mask is not None
+                else torch.ones_like(completions[i])
+            )
+            for i in range(roots)
+        ]
+        new_advantages = [a for a in advantages]
+        roles = [ROLE_ROOT] * roots
+        for root_index, rows in enumerate(clone_rows):
+            for prompt_ids, completion_ids, env_mask, weight in rows:
+                prompts.append(torch.tensor(prompt_ids, device=device))
+                completions.append(torch.tensor(completion_ids, device=device))
+                env_masks.append(torch.tensor(env_mask, device=device))
+                new_advantages.append(advantages[root_index] * weight)
+                roles.append(ROLE_CLONE)
+        # Same row count on every rank and a multiple of steps_per_generation: pad with dummy rows
+        # that carry no loss token (env mask 0) and no advantage.
+        local = torch.tensor([len(prompts)], device=device)
+        target = int(self.accelerator.gather(local).max())
+        slices = self.args.steps_per_generation if self.model.training else 1
+        target += (-target) % slices
+        while len(prompts) < target:
+            prompts.append(prompts[0].clone())
+            completions.append(completions[0][:1].clone())
+            env_masks.append(torch.zeros(1, dtype=torch.long, device=device))
+            new_advantages.append(advantages.new_zeros(()))
+            roles.append(ROLE_PAD)
+        pad_id = self.processing_class.pad_token_id
+        new: dict[str, Any] = {
+            "prompt_ids": pad(prompts, padding_value=pad_id, padding_side="left"),
+            "prompt_mask": pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left"),
+            "completion_ids": pad(completions, padding_value=pad_id, padding_side="right"),
+            "completion_mask": pad(
+                [torch.ones_like(c) for c in completions], padding_value=0, padding_side="right"
+            ),
+            "tool_mask": pad(env_masks, padding_value=0, padding_side="right"),
+            "advantages": torch.stack(new_advantages).to(advantages.dtype),
+            "row_role": torch.tensor(roles, device=device),
+        }
+        loss_tokens = (new["completion_mask"] * new["tool_mask"]).sum()
+        new["num_items_in_batch"] = self.accelerator.gather(loss_tokens).sum()
+        for key in ("old_per_token_logps", "ref_per_token_logps"):
+            if output.get(key) is not None:
+                new[key] = self._recompute_logps(new, key)
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["selfcest/clone_rows"].append(float(roles.count(ROLE_CLONE)))
+        return new
+
+    @torch.no_grad()
+    def _recompute_logps(self, batch: dict[str, Any], key: str) -> torch.Tensor:
+        model = self.ref_model if key == "ref_per_token_logps" and self.ref_model is not None else self.model
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            batch["completion_ids"].size(1),
+            batch_size=self.args.per_device_train_batch_size,
+        )
+        return logps
+
+    def compute_loss(
+        self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> torch.Tensor:
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if model.training and "row_role" in inputs and self._is_logging_step():
+            self._log_role_grad_norms(model, inputs)
+        return loss
+
+    def _is_logging_step(self) -> bool:
+        step = self.state.global_step + 1
+        return self.args.logging_steps > 0 and (step == 1 or step % int(self.args.logging_steps) == 0)
+
+    def _log_role_grad_norms(self, model: Any, inputs: dict[str, Any]) -> None:
+        """Gradient norm of the root rows' loss and of the clone rows' loss, measured separately."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        for role, name in ((ROLE_ROOT, "root"), (ROLE_CLONE, "clone")):
+            rows = (inputs["row_role"] == role).to(inputs["tool_mask"].dtype).unsqueeze(1)
+            if rows.sum() == 0:
+                continue
+            masked = dict(inputs, tool_mask=inputs["tool_mask"] * rows)
+            grads = torch.autograd.grad(self._compute_loss(model, masked), params, allow_unused=True)
+            norm = torch.sqrt(sum((g.detach().float() ** 2).sum() for g in grads if g is not None))
+            self._metrics["train"][f"selfcest/grad_norm_{name}"].append(float(norm))
+
+
+@dataclass
+class TrainingConfig:
+    """The subset of TRL's `GRPOConfig` that the stages set (documented there); CPU-friendly defaults."""
+
+    max_steps: int = 60
+    learning_rate: float = 2e-4
+    prompts_per_step: int = 8
+    num_generations: int = 4
+    """G rollouts per prompt (the release: 4)."""
+    beta: float = 0.0
+    """KL coefficient (the release: 5e-4, low-variance k3 estimator)."""
+    epsilon: float = 0.2
+    loss_type: str = "dapo"
+    advantage: Literal["std", "mean"] = "std"
+    """`std`: (R - mean) / std within the group (GRPO, the release); `mean`: mean-centred only."""
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 2
+    logging_steps: int = 2
+    save_steps: int = 10
+    max_completion_length: int = 1024
+    threads: int = 0
+
+
+def build_trainer(
+    model: Any,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    selfcest: SelfcestConfig,
+    training: TrainingConfig,
+    *,
+    output_dir: str,
+    callbacks: Sequence[Any] = (),
+) -> SelfcestGRPOTrainer:
+    """A ready `SelfcestGRPOTrainer` over `tasks` (each task id is one TRL prompt)."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    if training.threads:
+        torch.set_num_threads(training.threads)
+    by_id = {task.id: task for task in tasks}
+    if len(by_id) != len(tasks):
+        raise ValueError("task ids must be unique")
+    args = GRPOConfig(
+        output_dir=output_dir,
+        max_steps=training.max_steps,
+        learning_rate=training.learning_rate,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=training.warmup_steps,
+        per_device_train_batch_size=training.prompts_per_step * training.num_generations,
+        num_generations=training.num_generations,
+        steps_per_generation=1,  # one optimizer step per generation batch: on-policy, no stale log-probs
+        gradient_accumulation_steps=1,
+        beta=training.beta,
+        epsilon=training.epsilon,
+        loss_type=training.loss_type,
+        scale_rewards="group" if training.advantage == "std" else "none",
+        max_grad_norm=training.max_grad_norm,
+        max_completion_length=training.max_completion_length,
+        logging_steps=training.logging_steps,
+        save_strategy="steps",
+        save_steps=training.save_steps,
+        save_total_limit=2,
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        seed=selfcest.seed,
+        data_seed=selfcest.seed,
+        dataloader_num_workers=0,
+        log_completions=False,
+        disable_dropout=True,
+    )
+    return SelfcestGRPOTrainer(
+        model=model,
+        reward_funcs=reward_from_rollout,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": [task.id for task in tasks]}),
+        processing_class=tokenizer,
+        rollout_func=make_rollout_func(by_id, selfcest),
+        callbacks=list(callbacks),
+    )

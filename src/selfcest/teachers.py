@@ -1,0 +1,285 @@
+"""Programmatic teachers: the conversations the tiny model is warmed up on (default profile only).
+
+The warm-up checkpoint plays the part Qwen3-4B-Instruct plays in the paper: the starting point of
+every method. So it must be able to solve problems monolithically (and in a longer "thinking"
+mode), act as a clone, and act as a root that delegates. Root conversations deliberately mix
+strategies (solving directly, needless delegation, different split sizes, tight and generous
+budgets) so that reinforcement learning has real choices to learn from, rather than one imitated
+policy.
+
+Arithmetic teachers cover the default profile's sums and differences (`+`/`-` only), which is what
+the tiny model is trained on; the paper profile starts from an instruct model and skips warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from selfcest.prompts import (
+    CLONE_SYSTEM_PROMPT,
+    MONOLITHIC_SYSTEM_PROMPT,
+    ROOT_SYSTEM_PROMPT,
+    SPAWN_CLONE_TOOL,
+    THINKING_SYSTEM_PROMPT,
+    arithmetic_question,
+    clone_user_message,
+    qa_monolithic_question,
+    qa_root_question,
+)
+
+Message = dict[str, str]
+_TERM = re.compile(r"[+-]?\d+")
+
+
+@dataclass
+class TeacherConfig:
+    """Mixture of warm-up conversations (counts per training problem, seeded)."""
+
+    direct_root_fraction: float = 0.3
+    """Share of root conversations that solve directly without delegating."""
+    chunk_sizes: tuple[int, ...] = (2, 3, 4, 5)
+    """Terms per clone when a root delegates arithmetic; a size >= the problem is needless delegation."""
+    tokens_per_step: int = 10
+    """Rough clone cost per `a+b=c` line, used to pick budgets (tight: x1, generous: x2)."""
+    qa_extra_keys_fraction: float = 0.2
+    """Share of QA hops that hand the clone a needless extra paragraph."""
+    qa_mono_distractors: tuple[int, int] = (1, 5)
+    """Distractor paragraphs beside the supporting ones in monolithic QA warm-up (shorter than test)."""
+    qa_failed_clone_fraction: float = 0.15
+    """Share of QA clone conversations handed the wrong paragraph, which must answer `failed`."""
+
+
+def conversation(messages: list[Message], *, tools: bool, kind: str) -> dict[str, Any]:
+    return {"messages": messages, "tools": json.dumps([SPAWN_CLONE_TOOL]) if tools else "", "kind": kind}
+
+
+# ---------------------------------------------------------------------------- arithmetic
+def parse_terms(expr: str) -> list[int]:
+    """Signed terms of a `+`/`-` expression: "12+7-3" -> [12, 7, -3]."""
+    terms = [int(t) for t in _TERM.findall(expr)]
+    if not terms or "".join(_TERM.findall(expr)) != expr.replace(" ", ""):
+        raise ValueError(f"not a +/- expression of integers: {expr!r}")
+    return terms
+
+
+def format_terms(terms: Sequence[int]) -> str:
+    first = str(terms[0])
+    return first + "".join(f"+{t}" if t >= 0 else f"-{-t}" for t in terms[1:])
+
+
+def sum_steps(terms: Sequence[int]) -> list[str]:
+    """One line per addition, `acc op term=new`: the step-by-step trace the tiny model can follow."""
+    lines = []
+    total = terms[0]
+    for term in terms[1:]:
+        new = total + term
+        lines.append(f"{total}{'+' if term >= 0 else '-'}{abs(term)}={new}")
+        total = new
+    return lines
+
+
+def solve_text(terms: Sequence[int]) -> str:
+    return "\n".join([*sum_steps(terms), f"Answer: {sum(terms)}"])
+
+
+def thinking_text(terms: Sequence[int]) -> str:
+    """Serial long reasoning: solve, then check every step again (the "Thinking" baseline's style)."""
+    steps = sum_steps(terms)
+    return "\n".join([*steps, "Check:", *steps, f"Answer: {sum(terms)}"])
+
+
+def spawn_call(objectives: list[dict[str, Any]]) -> str:
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": "spawn_clone", "arguments": {"objectives": objectives}})
+        + "\n</tool_call>"
+    )
+
+
+def arithmetic_conversations(expr: str, rng: random.Random, config: TeacherConfig) -> list[dict[str, Any]]:
+    """Monolithic, thinking, clone-side and root-side conversations for one training problem."""
+    terms = parse_terms(expr)
+    question = arithmetic_question(expr)
+    out = [
+        conversation(
+            [
+                {"role": "system", "content": MONOLITHIC_SYSTEM_PROMPT},
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": solve_text(terms)},
+            ],
+            tools=False,
+            kind="arith_mono",
+        ),
+        conversation(
+            [
+                {"role": "system", "content": THINKING_SYSTEM_PROMPT},
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": thinking_text(terms)},
+            ],
+            tools=False,
+            kind="arith_thinking",
+        ),
+    ]
+    # Clone side: a random contiguous chunk, with its sign, as a clone would receive it.
+    start = rng.randrange(len(terms))
+    chunk = terms[start : start + rng.choice(config.chunk_sizes)]
+    out.append(
+        conversation(
+            [
+                {"role": "system", "content": CLONE_SYSTEM_PROMPT},
+                {"role": "user", "content": arithmetic_question(format_terms(chunk))},
+                {"role": "assistant", "content": solve_text(chunk)},
+            ],
+            tools=False,
+            kind="arith_clone",
+        )
+    )
+    out.append(arithmetic_root_conversation(terms, rng, config))
+    return out
+
+
+def arithmetic_root_conversation(
+    terms: list[int], rng: random.Random, config: TeacherConfig
+) -> dict[str, Any]:
+    question = arithmetic_question(format_terms(terms))
+    messages: list[Message] = [
+        {"role": "system", "content": ROOT_SYSTEM_PROMPT},
+        {"role": "user", "content": question},
+    ]
+    if len(terms) == 1 or rng.random() < config.direct_root_fraction:
+        messages.append({"role": "assistant", "content": solve_text(terms)})
+        return conversation(messages, tools=True, kind="arith_root_direct")
+    size = rng.choice(config.chunk_sizes)
+    chunks = [terms[i : i + size] for i in range(0, len(terms), size)]
+    generous = rng.random() < 0.5
+    objectives = []
+    for chunk in chunks:
+        need = len(chunk) * config.tokens_per_step
+        objectives.append(
+            {"task": arithmetic_question(format_terms(chunk)), "max_tokens": need * (2 if generous else 1)}
+        )
+    messages.append({"role": "assistant", "content": spawn_call(objectives)})
+    partials = [sum(chunk) for chunk in chunks]
+    messages.append(
+        {"role": "tool", "content": "\n".join(f"turn1_clone{i}: {p}" for i, p in enumerate(partials))}
+    )
+    messages.append({"role": "assistant", "content": solve_text(partials)})
+    return conversation(messages, tools=True, kind="arith_root_delegate")
+
+
+# ---------------------------------------------------------------------------- multi-hop QA
+def _fact_sentence(paragraph_text: str, answer: str) -> str:
+    """The sentence of a hop's paragraph that states its answer (quoted before answering)."""
+    for sentence in re.split(r"(?<=\.)\s+", paragraph_text):
+        if answer in sentence:
+            return sentence.strip()
+    return ""
+
+
+def qa_conversations(
+    record: Mapping[str, Any], rng: random.Random, config: TeacherConfig
+) -> list[dict[str, Any]]:
+    """Root-side decomposition into hops, clone-side reading, and short-context monolithic reading."""
+    paragraphs = {p["key"]: p for p in record["paragraphs"]}
+    hops = record["hops"]
+    if not hops or any(h["paragraph_key"] not in paragraphs for h in hops):
+        return []
+    answer = record["answers"][0]
+    out = []
+    # Clone side: each hop's question with its paragraph (sometimes a wrong one -> failed).
+    for hop in hops:
+        if rng.random() < config.qa_failed_clone_fraction:
+            wrong = [
+                k
+                for k in paragraphs
+                if k != hop["paragraph_key"] and hop["answer"] not in paragraphs[k]["text"]
+            ]
+            if wrong:
+                key = rng.choice(wrong)
+                reply = "Answer: failed (not in my paragraphs)"
+                out.append(_qa_clone(hop["question"], {key: paragraphs[key]["text"]}, reply))
+                continue
+        keys = [hop["paragraph_key"]]
+        if rng.random() < config.qa_extra_keys_fraction:
+            keys.append(rng.choice(list(paragraphs)))
+        documents = {k: paragraphs[k]["text"] for k in dict.fromkeys(keys)}
+        fact = _fact_sentence(paragraphs[hop["paragraph_key"]]["text"], hop["answer"])
+        out.append(_qa_clone(hop["question"], documents, f"{fact}\nAnswer: {hop['answer']}"))
+    # Root side: one clone per hop, in sequence, each handed the key of the paragraph it needs.
+    root: list[Message] = [
+        {"role": "system", "content": ROOT_SYSTEM_PROMPT},
+        {"role": "user", "content": qa_root_question(record["question"], list(paragraphs))},
+    ]
+    for turn, hop in enumerate(hops, start=1):
+        keys = [hop["paragraph_key"]]
+        if rng.random() < config.qa_extra_keys_fraction:
+            keys.append(rng.choice(list(paragraphs)))
+        budget = rng.choice((24, 32, 48))
+        root.append(
+            {
+                "role": "assistant",
+                "content": spawn_call(
+                    [{"task": hop["question"], "context": list(dict.fromkeys(keys)), "max_tokens": budget}]
+                ),
+            }
+        )
+        root.append({"role": "tool", "content": f"turn{turn}_clone0: {hop['answer']}"})
+    root.append({"role": "assistant", "content": f"Answer: {answer}"})
+    out.append(conversation(root, tools=True, kind="qa_root"))
+    # Monolithic: supporting paragraphs plus a few distractors, shorter than the test contexts.
+    support = [h["paragraph_key"] for h in hops]
+    others = [k for k in paragraphs if k not in support]
+    rng.shuffle(others)
+    low, high = config.qa_mono_distractors
+    keys = support + others[: rng.randint(low, high)]
+    rng.shuffle(keys)
+    documents = {k: paragraphs[k]["text"] for k in keys}
+    facts = [_fact_sentence(paragraphs[h["paragraph_key"]]["text"], h["answer"]) for h in hops]
+    out.append(
+        conversation(
+            [
+                {"role": "system", "content": MONOLITHIC_SYSTEM_PROMPT},
+                {"role": "user", "content": qa_monolithic_question(record["question"], documents)},
+                {"role": "assistant", "content": "\n".join([*facts, f"Answer: {answer}"])},
+            ],
+            tools=False,
+            kind="qa_mono",
+        )
+    )
+    return out
+
+
+def _qa_clone(task: str, documents: Mapping[str, str], reply: str) -> dict[str, Any]:
+    return conversation(
+        [
+            {"role": "system", "content": CLONE_SYSTEM_PROMPT},
+            {"role": "user", "content": clone_user_message(task, documents)},
+            {"role": "assistant", "content": reply},
+        ],
+        tools=False,
+        kind="qa_clone",
+    )
+
+
+def build_warmup_conversations(
+    arithmetic_records: Sequence[Mapping[str, Any]],
+    qa_records: Sequence[Mapping[str, Any]],
+    *,
+    seed: int,
+    config: TeacherConfig | None = None,
+) -> list[dict[str, Any]]:
+    """All warm-up conversations, shuffled with `seed` (same seed, same list)."""
+    config = config or TeacherConfig()
+    rng = random.Random(seed)
+    conversations: list[dict[str, Any]] = []
+    for record in arithmetic_records:
+        conversations.extend(arithmetic_conversations(record["expr"], rng, config))
+    for record in qa_records:
+        conversations.extend(qa_conversations(record, rng, config))
+    rng.shuffle(conversations)
+    return conversations

@@ -1,0 +1,135 @@
+"""Warm-up (default profile): supervised fine-tuning on the teachers' conversations with TRL.
+
+Loss is on assistant tokens only (the chat template's `{% generation %}` marks them), so the model
+learns to act as root, clone and monolithic solver without learning to predict prompts or tool
+responses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from trl import SFTConfig, SFTTrainer
+
+from selfcest.checkpoints import CsvLogCallback, prepare_run_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WarmupConfig:
+    """Supervised warm-up settings (tiny model, CPU)."""
+
+    max_steps: int = 1500
+    learning_rate: float = 3e-3
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    batch_size: int = 32
+    max_length: int = 1024
+    """Longer conversations are truncated (the tiny model's context)."""
+    logging_steps: int = 25
+    save_steps: int = 250
+    """Checkpoint cadence: a killed run resumes from the last one."""
+    seed: int = 42
+    threads: int = 0
+    """torch threads; 0 keeps torch's default."""
+
+
+def tokenize_conversations(
+    conversations: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, max_length: int
+) -> Dataset:
+    """Pre-tokenize with the model's chat template, keeping the assistant-token mask for the loss.
+
+    Done here rather than by SFTTrainer so that the tool schema (stored as a JSON string, since
+    Arrow cannot hold it beside rows without tools) is decoded before templating.
+    """
+    rows: dict[str, list[Any]] = {"input_ids": [], "assistant_masks": [], "kind": [], "length": []}
+    for conversation in conversations:
+        tools = json.loads(conversation["tools"]) if conversation["tools"] else None
+        encoded = tokenizer.apply_chat_template(
+            conversation["messages"],
+            tools=tools,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        ids = list(encoded["input_ids"])[:max_length]
+        mask = list(encoded["assistant_masks"])[:max_length]
+        if sum(mask) == 0:
+            raise ValueError(
+                f"conversation of kind {conversation['kind']} has no assistant token within {max_length}"
+            )
+        rows["input_ids"].append(ids)
+        rows["assistant_masks"].append(mask)
+        rows["kind"].append(conversation["kind"])
+        rows["length"].append(len(ids))
+    return Dataset.from_dict(rows)
+
+
+def run_warmup(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: Dataset,
+    config: WarmupConfig,
+    *,
+    run_dir: Path,
+    run_fingerprint: str,
+    log_csv: Path,
+) -> dict[str, float]:
+    """Train in place and return the final metrics; resumes a killed run from `run_dir`."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    resume = prepare_run_dir(run_dir, run_fingerprint)
+    if resume:
+        log.info("resuming warm-up from %s", resume)
+    args = SFTConfig(
+        output_dir=str(run_dir),
+        max_steps=config.max_steps,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, int(config.warmup_ratio * config.max_steps)),
+        weight_decay=config.weight_decay,
+        per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=1,
+        max_length=config.max_length,
+        logging_steps=config.logging_steps,
+        save_steps=config.save_steps,
+        save_total_limit=2,
+        save_only_model=False,
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        bf16=False,
+        fp16=False,
+        seed=config.seed,
+        data_seed=config.seed,
+        dataloader_num_workers=0,
+        gradient_checkpointing=False,  # TRL defaults to True; it only costs time on a tiny model
+        train_sampling_strategy="group_by_length",  # less padding: arithmetic and QA lengths differ a lot
+        disable_tqdm=False,
+        remove_unused_columns=True,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset.remove_columns(["kind"]),
+        processing_class=tokenizer,
+        callbacks=[CsvLogCallback(log_csv, ["loss", "learning_rate", "grad_norm", "mean_token_accuracy"])],
+    )
+    result = trainer.train(resume_from_checkpoint=resume)
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
+    final = history[-1] if history else {}
+    return {
+        "train_loss": round(float(result.training_loss), 5),
+        "final_loss": round(float(final.get("loss", float("nan"))), 5),
+        "final_token_accuracy": round(float(final.get("mean_token_accuracy", float("nan"))), 5),
+        "steps": int(trainer.state.global_step),
+        "train_seconds": round(float(result.metrics.get("train_runtime", 0.0)), 1),
+    }

@@ -1,0 +1,96 @@
+"""Stage warmup: supervised warm-up of the tiny model on the programmatic teachers' conversations.
+
+Default profile only: with `model.init_from` set (paper profile), the starting checkpoint is copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from selfcest.checkpoints import fingerprint, write_model_card
+from selfcest.model import load_model
+from selfcest.teachers import TeacherConfig, build_warmup_conversations
+from selfcest.tokenizer import load_tokenizer
+from selfcest.warmup import WarmupConfig, run_warmup, tokenize_conversations
+from stages.common import file_sha256, load_params, read_jsonl, setup_logging, write_json
+
+log = logging.getLogger("warmup")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--init", default="artifacts/init_model")
+    parser.add_argument("--arithmetic", default="data/arithmetic/train.jsonl")
+    parser.add_argument("--qa", default="data/qa/train.jsonl")
+    parser.add_argument("--out", default="artifacts/warmup_model")
+    parser.add_argument("--run-dir", default="artifacts/runs/warmup", help="checkpoints of a run in progress")
+    parser.add_argument("--log-csv", default="reports/warmup_log.csv")
+    parser.add_argument("--metrics", default="reports/warmup.json")
+    args = parser.parse_args()
+    setup_logging()
+    params = load_params(Path(args.params))
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    if params["model"].get("init_from"):
+        shutil.copytree(args.init, out)
+        write_json(args.metrics, {"skipped": True})
+        Path(args.log_csv).write_text("step,loss\n")
+        return
+    started = time.perf_counter()
+    warmup_params = dict(params["warmup"])
+    teacher = TeacherConfig(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in warmup_params.pop("teacher").items()}
+    )
+    config = WarmupConfig(seed=params["seed"], **warmup_params)
+    tokenizer = load_tokenizer(args.init)
+    model = load_model(args.init, dtype="float32")
+    arithmetic = read_jsonl(args.arithmetic)
+    qa = read_jsonl(args.qa)
+    conversations = build_warmup_conversations(arithmetic, qa, seed=params["seed"], config=teacher)
+    dataset = tokenize_conversations(conversations, tokenizer, config.max_length)
+    kinds: dict[str, int] = {}
+    for kind in dataset["kind"]:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    log.info("warm-up on %d conversations: %s", len(dataset), json.dumps(kinds))
+    data_hashes = {"arithmetic_train": file_sha256(args.arithmetic), "qa_train": file_sha256(args.qa)}
+    run_fingerprint = fingerprint(
+        {
+            "params": params["warmup"],
+            "seed": params["seed"],
+            "data": data_hashes,
+            "init": file_sha256(Path(args.init) / "model.safetensors"),
+        }
+    )
+    metrics = run_warmup(
+        model,
+        tokenizer,
+        dataset,
+        config,
+        run_dir=Path(args.run_dir),
+        run_fingerprint=run_fingerprint,
+        log_csv=Path(args.log_csv),
+    )
+    metrics["conversations"] = len(dataset)
+    metrics["stage_seconds"] = round(time.perf_counter() - started, 1)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    write_model_card(
+        out,
+        title="selfcest warm-up checkpoint (tiny Qwen3)",
+        params=params["warmup"],
+        data_hashes=data_hashes,
+        metrics=metrics,
+    )
+    write_json(args.metrics, {**metrics, "kinds": kinds})
+    shutil.rmtree(args.run_dir, ignore_errors=True)  # finished: nothing left to resume
+
+
+if __name__ == "__main__":
+    main()
