@@ -1,0 +1,146 @@
+"""Stage train_grpo: SELFCEST GRPO (and its ablations/baselines) from the warm-up checkpoint.
+
+python -m stages.train_grpo --variant selfcest         # gated clones (the method)
+python -m stages.train_grpo --variant selfcest_nogate  # clones get the root's advantage (ablation)
+python -m stages.train_grpo --variant noclone          # monolithic GRPO, no tool (baseline)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from selfcest.checkpoints import CsvLogCallback, fingerprint, prepare_run_dir, write_model_card  # noqa: E402
+from selfcest.grpo import SelfcestConfig, TrainingConfig, build_trainer  # noqa: E402
+from selfcest.model import load_model  # noqa: E402
+from selfcest.rewards import GateConfig, RewardConfig  # noqa: E402
+from selfcest.runtime import RuntimeConfig  # noqa: E402
+from selfcest.tasks import task_from_record  # noqa: E402
+from selfcest.tokenizer import load_tokenizer  # noqa: E402
+from stages.common import file_sha256, load_params, read_jsonl, setup_logging, write_json  # noqa: E402
+
+log = logging.getLogger("train_grpo")
+LOG_COLUMNS = [
+    "reward",
+    "selfcest/accuracy",
+    "selfcest/root_tokens",
+    "selfcest/clone_tokens",
+    "selfcest/total_tokens",
+    "selfcest/critical_tokens",
+    "selfcest/clones_per_episode",
+    "selfcest/delegation_rate",
+    "selfcest/gate_rate",
+    "selfcest/protocol_error_rate",
+    "kl",
+    "grad_norm",
+    "selfcest/grad_norm_root",
+    "selfcest/grad_norm_clone",
+    "loss",
+    "entropy",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--variant", required=True)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--init", default="artifacts/warmup_model")
+    parser.add_argument("--arithmetic", default="data/arithmetic/train.jsonl")
+    parser.add_argument("--qa", default="data/qa/train.jsonl")
+    parser.add_argument("--out", default=None, help="default artifacts/<variant>_model")
+    parser.add_argument("--run-dir", default=None, help="default artifacts/runs/<variant>")
+    parser.add_argument("--reports", default="reports")
+    args = parser.parse_args()
+    setup_logging()
+    params = load_params(Path(args.params))
+    grpo = params["grpo"]
+    variant = grpo["variants"][args.variant]
+    out = Path(args.out or f"artifacts/{args.variant}_model")
+    run_dir = Path(args.run_dir or f"artifacts/runs/{args.variant}")
+    reports = Path(args.reports)
+    started = time.perf_counter()
+
+    rng = random.Random(params["seed"])
+    arithmetic = read_jsonl(args.arithmetic)
+    qa = read_jsonl(args.qa)
+    records = rng.sample(arithmetic, min(grpo["tasks"]["arithmetic"], len(arithmetic)))
+    records += rng.sample(qa, min(grpo["tasks"]["qa"], len(qa)))
+    rng.shuffle(records)
+    view = "delegate" if variant["use_tools"] else "monolithic"
+    tasks = [task_from_record(record, view) for record in records]
+
+    runtime = RuntimeConfig(use_tools=variant["use_tools"], **grpo["runtime"])
+    selfcest = SelfcestConfig(
+        runtime=runtime,
+        reward=RewardConfig(**grpo["reward"]),
+        gate=GateConfig(mode=variant["gate"], **grpo.get("gate_options", {})),
+        clone_weighting=grpo["clone_weighting"],
+        temperature=grpo["temperature"],
+        seed=params["seed"],
+    )
+    training = TrainingConfig(**grpo["training"])
+    data_hashes = {"arithmetic_train": file_sha256(args.arithmetic), "qa_train": file_sha256(args.qa)}
+    run_fingerprint = fingerprint(
+        {
+            "grpo": grpo,
+            "variant": variant,
+            "seed": params["seed"],
+            "data": data_hashes,
+            "init": file_sha256(Path(args.init) / "model.safetensors"),
+        }
+    )
+    resume = prepare_run_dir(run_dir, run_fingerprint)
+    tokenizer = load_tokenizer(args.init)
+    model = load_model(args.init, dtype="float32")
+    log_csv = reports / f"grpo_{args.variant}_log.csv"
+    trainer = build_trainer(
+        model,
+        tokenizer,
+        tasks,
+        selfcest,
+        training,
+        output_dir=str(run_dir),
+        callbacks=[CsvLogCallback(log_csv, LOG_COLUMNS)],
+    )
+    if resume:
+        log.info("resuming %s from %s", args.variant, resume)
+    trainer.train(resume_from_checkpoint=resume)
+
+    history = [h for h in trainer.state.log_history if "reward" in h]
+    last = history[-3:] or [{}]
+    metrics = {
+        name.replace("selfcest/", ""): round(sum(float(h.get(name) or 0.0) for h in last) / len(last), 4)
+        for name in (
+            "reward",
+            "selfcest/accuracy",
+            "selfcest/delegation_rate",
+            "selfcest/clones_per_episode",
+            "selfcest/total_tokens",
+            "selfcest/gate_rate",
+        )
+    }
+    metrics.update(steps=trainer.state.global_step, stage_seconds=round(time.perf_counter() - started, 1))
+    if out.exists():
+        shutil.rmtree(out)
+    trainer.model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    write_model_card(
+        out,
+        title=f"selfcest GRPO checkpoint: {args.variant}",
+        params={"grpo": grpo, "variant": variant},
+        data_hashes=data_hashes,
+        metrics=metrics,
+    )
+    write_json(reports / f"grpo_{args.variant}.json", metrics)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

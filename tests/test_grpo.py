@@ -1,0 +1,187 @@
+"""SELFCEST GRPO on TRL: clone rows, the loss they get, training, resume, and two processes on gloo."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from grpo_helpers import make_trainer
+from transformers import TrainerCallback
+
+from selfcest.checkpoints import prepare_run_dir
+from selfcest.grpo import ROLE_CLONE, ROLE_PAD, ROLE_ROOT
+from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward, length_penalty
+from selfcest.runtime import AgentRecord, Episode
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def clone(status: str, generated: int = 10, answer: str | None = "1") -> AgentRecord:
+    agent = AgentRecord("root/turn1_clone0", "clone", 1, "root", 1, "t", [], None, 16)
+    agent.status, agent.generated_tokens, agent.answer = status, generated, answer  # type: ignore[assignment]
+    return agent
+
+
+def test_length_penalty_matches_the_release_formula() -> None:
+    assert length_penalty(512, 512, 256, 0.3) == 0.0
+    assert length_penalty(768, 512, 256, 0.3) == pytest.approx(0.3 * (1 - math.exp(-1)))
+    assert length_penalty(10**6, 512, 256, 0.3) == pytest.approx(0.3)
+
+
+def test_episode_reward_terms() -> None:
+    root = AgentRecord("root", "root", 0, None, None, "q", [], None, 1000)
+    root.generated_tokens, root.children = 600, [[1, 2], [3]]
+    clones = [clone("ok", 700), clone("ok", 100), clone("ok", 300)]
+    episode = Episode("t", 0, "delegate", 2000, [root, *clones], num_tool_calls=3, repairs=1)
+    r = episode_reward(episode, 1.0, RewardConfig())
+    assert r.root_penalty == pytest.approx(length_penalty(600, 512, 256, 0.3))
+    assert r.clone_penalty == pytest.approx(
+        length_penalty(700, 512, 512, 0.2)
+    )  # max over turns of the slowest clone
+    assert r.call_penalty == pytest.approx(0.1)
+    assert r.total == pytest.approx(1.0 - r.root_penalty - r.clone_penalty - 0.1 - 0.05)
+    math_r = episode_reward(episode, 0.0, RewardConfig(math_style=True))
+    assert math_r.total == pytest.approx(-0.05)
+
+
+def test_gates() -> None:
+    assert clone_gate(clone("truncated"), 0.7, GateConfig("none")) == 1.0
+    assert clone_gate(clone("truncated"), 0.7, GateConfig("protocol")) == 0.0
+    assert clone_gate(clone("no_answer"), 0.7, GateConfig("protocol")) == 0.0
+    assert (
+        clone_gate(clone("failed", answer=None), 0.7, GateConfig("protocol")) == 1.0
+    )  # a stated failure follows protocol
+    assert clone_gate(clone("ok"), 0.7, GateConfig("protocol")) == 1.0
+    # the release: no answer after > 192 tokens -> R_clone = 0; otherwise R_clone = R_root
+    assert clone_gate(clone("truncated", 300, None), -0.4, GateConfig("ratio")) == 0.0
+    assert clone_gate(clone("truncated", 100, None), -0.4, GateConfig("ratio")) == 1.0
+    assert clone_gate(clone("ok"), 0.0, GateConfig("ratio")) == 0.0  # the release's 0/0 side effect
+    assert clone_gate(clone("ok"), 0.0, GateConfig("ratio", credit_clones_of_zero_reward_roots=True)) == 1.0
+
+
+def generation_batch(trainer) -> tuple[dict, list[dict]]:
+    inputs = [{"prompt": f"t{i // 4}"} for i in range(8)]
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(inputs)
+    return batch, inputs
+
+
+def test_clone_rows_carry_gated_root_advantages(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    trainer = make_trainer(tiny_checkpoint, tmp_path / "run")
+    batch, inputs = generation_batch(trainer)
+    roles = batch["row_role"].tolist()
+    assert roles[:8] == [ROLE_ROOT] * 8
+    expected = []
+    for i, row in enumerate(inputs):
+        for *_, weight in row["clone_rows"]:
+            expected.append(float(batch["advantages"][i]) * weight)
+    clone_advantages = [float(a) for a, r in zip(batch["advantages"], roles, strict=True) if r == ROLE_CLONE]
+    assert clone_advantages == pytest.approx(expected)
+    assert len(clone_advantages) > 0
+    assert any(w == 0.0 for row in inputs for *_, w in row["clone_rows"])  # protocol gate closed somewhere
+    mask = batch["completion_mask"] * batch["tool_mask"]
+    assert int(batch["num_items_in_batch"]) == int(mask.sum())
+    # the root rows mask the tool responses: fewer loss tokens than completion tokens
+    assert (mask[:8].sum(1) < batch["completion_mask"][:8].sum(1)).any()
+    assert all(r != ROLE_PAD or float(a) == 0.0 for a, r in zip(batch["advantages"], roles, strict=True))
+
+
+def test_clone_row_loss_equals_trl_compute_loss(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """TRL's `_compute_loss` on the augmented batch has the gradient of the policy-gradient surrogate
+    -sum_rows A_row * sum_t mask * logp_t / N computed row by row without padding (dapo, beta 0, on-policy).
+    An upgrade of TRL that changes these semantics fails here."""
+    trainer = make_trainer(tiny_checkpoint, tmp_path / "run")
+    batch, _ = generation_batch(trainer)
+    model = trainer.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() in a real run
+    trl_loss = trainer._compute_loss(model, batch)
+    trl_grads = torch.autograd.grad(trl_loss, params, allow_unused=True)
+
+    n_items = float(batch["num_items_in_batch"])
+    surrogate = torch.zeros(())
+    for row in range(batch["prompt_ids"].size(0)):
+        prompt = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()]
+        completion = batch["completion_ids"][row][batch["completion_mask"][row].bool()]
+        mask = batch["tool_mask"][row][: completion.size(0)].float()
+        ids = torch.cat([prompt, completion]).unsqueeze(0)
+        logits = model(input_ids=ids).logits[0, prompt.size(0) - 1 : -1].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(1, completion.unsqueeze(1)).squeeze(1)
+        ratio = torch.exp(logp - logp.detach())
+        surrogate = surrogate - (batch["advantages"][row] * ratio * mask).sum() / n_items
+    assert float(trl_loss) == pytest.approx(float(surrogate), abs=1e-5)
+    ref_grads = torch.autograd.grad(surrogate, params, allow_unused=True)
+    for ours, theirs in zip(ref_grads, trl_grads, strict=True):
+        if ours is None or theirs is None:
+            assert (ours is None or not ours.any()) and (theirs is None or not theirs.any())
+            continue
+        torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_train_runs_and_updates_the_policy(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    trainer = make_trainer(tiny_checkpoint, tmp_path / "run", max_steps=3)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert any(
+        not torch.equal(a, b.detach()) for a, b in zip(before, trainer.model.parameters(), strict=True)
+    )
+    logs = [h for h in trainer.state.log_history if "reward" in h]
+    assert logs and all("selfcest/clone_rows" in h and "selfcest/grad_norm_root" in h for h in logs)
+    assert any(h.get("selfcest/grad_norm_clone", 0) > 0 for h in logs)
+
+
+class _Crash(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        if state.global_step == 3:
+            raise KeyboardInterrupt("simulated kill")
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_from_its_last_checkpoint(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert prepare_run_dir(run, "fp") is None
+    trainer = make_trainer(tiny_checkpoint, run, max_steps=4, save_steps=2, callbacks=[_Crash()])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    resume = prepare_run_dir(run, "fp")
+    assert resume is not None and resume.endswith("checkpoint-2")
+    trainer = make_trainer(tiny_checkpoint, run, max_steps=4, save_steps=2)
+    trainer.train(resume_from_checkpoint=resume)
+    assert trainer.state.global_step == 4
+    steps = [h["step"] for h in trainer.state.log_history if "loss" in h]
+    assert steps[:2] == [1, 2] and steps[-1] == 4  # history restored from the checkpoint, then continued
+    assert prepare_run_dir(run, "other-params") is None  # a changed config never resumes stale state
+
+
+@pytest.mark.slow
+def test_two_processes_on_gloo(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    script = Path(__file__).parent / "scripts" / "grpo_gloo.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="true")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29517",
+            str(script),
+            str(tiny_checkpoint),
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("rank=")]
+    assert len(lines) == 2 and all("world=2 steps=2" in line for line in lines), result.stdout
