@@ -41,7 +41,9 @@ def main() -> None:
             {"role": "user", "content": arithmetic_question(f"{10 + i}+{20 + 3 * i}-{i}")},
         ]
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        requests.append(GenerationRequest(tokenizer.encode(prompt, add_special_tokens=False), args.max_new_tokens))
+        requests.append(
+            GenerationRequest(tokenizer.encode(prompt, add_special_tokens=False), args.max_new_tokens)
+        )
     sampling = SamplingConfig()
     engine.generate(requests[:2], sampling)  # warm-up
 
@@ -54,7 +56,9 @@ def main() -> None:
             best = min(best, time.perf_counter() - start)
         return best, tokens
 
-    batched_s, batched_tokens = timed(lambda: sum(len(r.token_ids) for r in engine.generate(requests, sampling)))
+    batched_s, batched_tokens = timed(
+        lambda: sum(len(r.token_ids) for r in engine.generate(requests, sampling))
+    )
     serial_s, serial_tokens = timed(
         lambda: sum(len(engine.generate([r], sampling)[0].token_ids) for r in requests)
     )

@@ -64,14 +64,20 @@ def pipeline(repo_dir: str = str(REPO_ROOT), stages: list[str] | None = None) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repo", default=str(REPO_ROOT))
     parser.add_argument("--stages", nargs="*", help="only these stages and what they depend on")
-    parser.add_argument("--serve", action="store_true", help="serve a scheduled deployment (needs a Prefect server)")
+    parser.add_argument(
+        "--serve", action="store_true", help="serve a scheduled deployment (needs a Prefect server)"
+    )
     parser.add_argument("--cron", default="0 3 * * *", help="schedule for --serve")
     args = parser.parse_args()
     if args.serve:
-        pipeline.serve(name="selfcest-nightly", cron=args.cron, parameters={"repo_dir": args.repo, "stages": args.stages})
+        pipeline.serve(
+            name="selfcest-nightly", cron=args.cron, parameters={"repo_dir": args.repo, "stages": args.stages}
+        )
     else:
         pipeline(repo_dir=args.repo, stages=args.stages)
 

@@ -45,6 +45,7 @@ def main() -> None:
         return
     started = time.perf_counter()
     warmup_params = dict(params["warmup"])
+    qa_records = warmup_params.pop("qa_records")
     teacher = TeacherConfig(
         **{k: tuple(v) if isinstance(v, list) else v for k, v in warmup_params.pop("teacher").items()}
     )
@@ -52,7 +53,7 @@ def main() -> None:
     tokenizer = load_tokenizer(args.init)
     model = load_model(args.init, dtype="float32")
     arithmetic = read_jsonl(args.arithmetic)
-    qa = read_jsonl(args.qa)
+    qa = read_jsonl(args.qa)[:qa_records]
     conversations = build_warmup_conversations(arithmetic, qa, seed=params["seed"], config=teacher)
     dataset = tokenize_conversations(conversations, tokenizer, config.max_length)
     kinds: dict[str, int] = {}

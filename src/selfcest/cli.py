@@ -1,6 +1,6 @@
 """`selfcest` command line: try any local checkpoint on a question in one line.
 
-    selfcest solve --model artifacts/selfcest_model "Calculate the value of 12+7-3."
+selfcest solve --model artifacts/selfcest_model "Calculate the value of 12+7-3."
 """
 
 from __future__ import annotations
@@ -52,7 +52,10 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.documents:
         documents = json.loads(Path(args.documents).read_text(encoding="utf-8"))
         if not isinstance(documents, dict):
-            print(f"error: {args.documents} must hold a JSON object mapping keys to paragraph text", file=sys.stderr)
+            print(
+                f"error: {args.documents} must hold a JSON object mapping keys to paragraph text",
+                file=sys.stderr,
+            )
             return 2
     question = args.question
     if documents and config.use_tools:

@@ -1,0 +1,621 @@
+"""Budget-sweep evaluation: every method through the same runtime and the same token accounting.
+
+A *method* is a way of using a checkpoint (see `MethodSpec`):
+
+- `monolithic`: one root without tools (base, thinking, noclone-grpo); with `samples > 1` it is
+  self-consistency (sc@k): k sampled solutions and a majority vote over their answers;
+- `delegate`: the root has the `spawn_clone` tool (prompted, selfcest, selfcest-nogate);
+- `rag`: multi-hop QA by BM25 retrieval over the question's own paragraphs, then a monolithic
+  reader on the retrieved paragraphs only, one retrieve-then-read round per hop (agentic RAG).
+
+A *budget* is a tree-wide cap on generated tokens per problem: everything the method generates
+for one problem (roots, clones, every sample of sc@k, every hop of RAG) counts against it, and the
+runtime makes overrunning impossible. sc@k shares the budget between its samples by default
+(`split_budget`), RAG between its hops, so that every method at budget B spends at most B.
+
+Costs per problem (`ProblemResult`): generated tokens, total tokens (generated plus every prompt
+token each agent read), critical-path tokens (the longest chain of tokens that had to be generated
+one after another) and wall time. Several episodes for one problem combine as follows: sc@k sums
+generated and total tokens and takes the max critical path (the samples run in parallel); RAG sums
+all three (the hops run in sequence); avg@k (AIME) averages everything over its independent runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import re
+import time
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from selfcest.engine import GenerationEngine, SamplingConfig
+from selfcest.prompts import (
+    ANSWER_MARKER,
+    THINKING_SYSTEM_PROMPT,
+    qa_monolithic_question,
+    qa_root_question,
+)
+from selfcest.runtime import Episode, Runtime, RuntimeConfig, Task
+from selfcest.scoring import (
+    last_boxed,
+    math_equivalent,
+    normalize_answer,
+    parse_last_integer,
+    qa_exact_match,
+    qa_f1,
+    score_arithmetic,
+)
+
+log = logging.getLogger(__name__)
+
+Dataset = Literal["arithmetic", "qa", "math"]
+DATASETS: tuple[str, ...] = ("arithmetic", "qa", "math")
+Mode = Literal["monolithic", "delegate", "rag"]
+
+
+# --------------------------------------------------------------------------- problems
+@dataclass
+class Problem:
+    """One evaluation problem, whatever its source."""
+
+    id: str
+    dataset: str
+    question: str
+    """Arithmetic: the paper's prompt; QA: the bare question; math: the problem statement."""
+    golds: list[str]
+    """Gold answer first, then aliases (QA)."""
+    documents: dict[str, str] = field(default_factory=dict)
+    """QA paragraphs by key, in the record's order."""
+    num_hops: int = 1
+
+
+def select_indices(total: int, max_problems: int | None, seed: int) -> list[int]:
+    """Indices of the problems to evaluate: all, or a seeded subset of `max_problems`, in file order.
+
+    The subset is a prefix of one seeded permutation, so raising `max_problems` only adds problems.
+    """
+    if max_problems is None or max_problems >= total:
+        return list(range(total))
+    order = list(range(total))
+    random.Random(seed).shuffle(order)
+    return sorted(order[: max(0, max_problems)])
+
+
+def problem_from_record(dataset: str, record: Mapping[str, Any]) -> Problem:
+    """A `Problem` from one record of the project's arithmetic or unified QA schema, or a MATH/AIME line."""
+    if dataset == "arithmetic":
+        from selfcest.prompts import arithmetic_question
+
+        return Problem(
+            str(record["id"]), dataset, arithmetic_question(record["expr"]), [str(record["answer"])]
+        )
+    if dataset == "qa":
+        documents = {p["key"]: p["text"] for p in record["paragraphs"]}
+        return Problem(
+            str(record["id"]),
+            dataset,
+            record["question"],
+            [str(a) for a in record["answers"]],
+            documents,
+            max(1, int(record.get("num_hops") or len(record.get("hops") or []) or 1)),
+        )
+    if dataset == "math":
+        gold = record.get("answer")
+        if gold is None or str(gold).strip() == "":
+            gold = last_boxed(record.get("solution", ""))
+        if gold is None:
+            raise ValueError(f"math record without an answer: {str(record)[:200]}")
+        rid = record.get("id", record.get("unique_id", record.get("idx")))
+        return Problem(str(rid), dataset, str(record["problem"]), [str(gold).strip()])
+    raise ValueError(f"unknown dataset {dataset!r}; expected one of {DATASETS}")
+
+
+def load_problems(dataset: str, path: str | Path, *, max_problems: int | None, seed: int) -> list[Problem]:
+    """Read a JSONL split and keep `max_problems` of it (see `select_indices`).
+
+    A record without an id (AIME 2025) is named by its line: `<dataset>-<line index>`.
+    """
+    with open(path, encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
+    problems = []
+    for index in select_indices(len(records), max_problems, seed):
+        problem = problem_from_record(dataset, records[index])
+        if problem.id in ("None", ""):
+            problem.id = f"{dataset}-{index}"
+        problems.append(problem)
+    return problems
+
+
+# --------------------------------------------------------------------------- methods
+@dataclass
+class MethodSpec:
+    """How one method uses its checkpoint; built from `eval.models.<checkpoint>.<method>` params."""
+
+    name: str
+    mode: Mode = "monolithic"
+    system_prompt: Literal["default", "thinking"] = "default"
+    """`thinking` swaps in THINKING_SYSTEM_PROMPT (serial solve-then-check reasoning)."""
+    samples: int = 1
+    """k > 1: self-consistency, k sampled solutions and a majority vote."""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    split_budget: bool = True
+    """sc@k: each sample gets budget // k (the problem's budget is tree-wide); False: each gets it all."""
+    root_max_tokens: int | None = None
+    """Cap on one root turn. None: the (per-sample) budget for tool-less roots, `runtime.root_max_tokens`
+    for delegating ones (the cap they were trained with)."""
+    top_k: int = 3
+    """RAG: paragraphs retrieved per hop."""
+    max_hops: int = 2
+    """RAG: retrieve-then-read rounds, at most; a question gets min(its hop count, max_hops)."""
+    datasets: list[str] | None = None
+    """Datasets the method applies to (None: all). RAG applies to QA only."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("monolithic", "delegate", "rag"):
+            raise ValueError(f"method {self.name}: unknown mode {self.mode!r}")
+        if self.samples < 1:
+            raise ValueError(f"method {self.name}: samples must be >= 1")
+        if self.samples > 1 and self.temperature <= 0:
+            raise ValueError(f"method {self.name}: {self.samples} samples need a temperature > 0")
+        if self.mode == "rag" and self.datasets is None:
+            self.datasets = ["qa"]
+
+    @classmethod
+    def from_params(cls, name: str, values: Mapping[str, Any] | None) -> MethodSpec:
+        known = {f.name for f in fields(cls)} - {"name"}
+        values = dict(values or {})
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"method {name}: unknown settings {sorted(unknown)}")
+        return cls(name=name, **values)
+
+    def applies_to(self, dataset: str) -> bool:
+        return self.datasets is None or dataset in self.datasets
+
+
+# --------------------------------------------------------------------------- scoring and voting
+def episode_answer_text(episode: Episode) -> str:
+    """What the root finally said: its last turn (for `\\boxed{}`), or its extracted answer."""
+    return episode.final_text or (f"{ANSWER_MARKER} {episode.final_answer}" if episode.final_answer else "")
+
+
+def score_answer(problem: Problem, answer: str | None, text: str = "") -> tuple[float, float | None]:
+    """(correctness in {0, 1}, QA token F1 or None). `answer` is the text after the final `Answer:`."""
+    if problem.dataset == "arithmetic":
+        return score_arithmetic(f"{ANSWER_MARKER} {answer}" if answer else "", int(problem.golds[0])), None
+    if problem.dataset == "qa":
+        return qa_exact_match(answer, problem.golds), qa_f1(answer, problem.golds)
+    return float(
+        math_equivalent(text or (f"{ANSWER_MARKER} {answer}" if answer else ""), problem.golds[0])
+    ), None
+
+
+_MATH_NOISE = re.compile(r"[\s$]|\\[,;!]|\\left|\\right|\\text\{\s*\}")
+
+
+def answer_key(dataset: str, answer: str | None, text: str = "") -> Hashable | None:
+    """What two answers must share to count as the same vote; None means no usable answer."""
+    if dataset == "arithmetic":
+        return parse_last_integer(answer)
+    if dataset == "qa":
+        return (normalize_answer(answer) or None) if answer else None
+    content = last_boxed(text) or answer
+    if not content:
+        return None
+    key = _MATH_NOISE.sub("", content)
+    return str(int(key)) if key.isdigit() else (key or None)
+
+
+def majority_vote(keys: Sequence[Hashable | None]) -> int | None:
+    """Index of the sample whose answer wins the vote; None when no sample has an answer.
+
+    The most frequent non-None key wins; a tie goes to the key that appeared first, and the
+    winning key is represented by its first sample. Deterministic for a given order of samples.
+    """
+    counts = Counter(key for key in keys if key is not None)
+    if not counts:
+        return None
+    first_seen = {}
+    for index, key in enumerate(keys):
+        if key is not None and key not in first_seen:
+            first_seen[key] = index
+    best = max(counts, key=lambda key: (counts[key], -first_seen[key]))
+    return first_seen[best]
+
+
+# --------------------------------------------------------------------------- metrics
+def bootstrap_ci(
+    values: Sequence[float], *, resamples: int = 1000, seed: int = 0, confidence: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (seeded: same inputs, same interval).
+
+    Empty input gives (nan, nan); a single value or `resamples == 0` gives (mean, mean).
+    """
+    data = np.asarray(list(values), dtype=float)
+    if data.size == 0:
+        return math.nan, math.nan
+    if data.size == 1 or resamples <= 0:
+        mean = float(data.mean())
+        return mean, mean
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    low, high = np.percentile(means, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
+@dataclass
+class ProblemResult:
+    """One method's outcome on one problem, costs already combined over its episodes."""
+
+    problem_id: str
+    answer: str | None
+    correct: float
+    f1: float | None
+    generated_tokens: float
+    total_tokens: float
+    critical_path_tokens: float
+    latency_seconds: float
+    """The problem's own episode wall time (batched with the others, so an upper bound on latency)."""
+    clones: float
+    protocol_error_rate: float
+    """Share of this problem's episodes with at least one protocol error."""
+    episodes: list[Episode]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def summarize(
+    results: Sequence[ProblemResult], *, seconds: float, resamples: int, seed: int
+) -> dict[str, Any]:
+    """One sweep row's numbers: accuracy with a bootstrap 95% interval (EM for QA, plus F1) and mean costs."""
+    n = len(results)
+
+    def mean(values: Iterable[float]) -> float:
+        values = list(values)
+        return float(sum(values) / len(values)) if values else math.nan
+
+    correct = [r.correct for r in results]
+    low, high = bootstrap_ci(correct, resamples=resamples, seed=seed)
+    row: dict[str, Any] = {
+        "n": n,
+        "accuracy": mean(correct),
+        "ci_low": low,
+        "ci_high": high,
+        "gen_tokens": mean(r.generated_tokens for r in results),
+        "total_tokens": mean(r.total_tokens for r in results),
+        "critical_tokens": mean(r.critical_path_tokens for r in results),
+        "seconds": seconds / n if n else math.nan,
+        "latency_seconds": mean(r.latency_seconds for r in results),
+        "clones": mean(r.clones for r in results),
+        "protocol_error_rate": mean(r.protocol_error_rate for r in results),
+    }
+    f1 = [r.f1 for r in results if r.f1 is not None]
+    if f1:
+        f1_low, f1_high = bootstrap_ci(f1, resamples=resamples, seed=seed)
+        row.update(f1=mean(f1), f1_ci_low=f1_low, f1_ci_high=f1_high)
+    return row
+
+
+# --------------------------------------------------------------------------- retrieval
+class BM25Ranker:
+    """BM25 (the maintained `bm25s` package) over one question's paragraphs, "title text" each."""
+
+    def __init__(self, documents: Mapping[str, str]) -> None:
+        import bm25s  # deferred: only RAG needs it
+
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
+        self._bm25s = bm25s
+        self.keys = list(documents)
+        self.retriever = None
+        corpus = [f"{key.replace('-', ' ')} {text}" for key, text in documents.items()]
+        tokens = self._tokenize(corpus) if corpus else None
+        if tokens is not None and any(tokens.ids):  # bm25s cannot index a corpus without a single word
+            self.retriever = bm25s.BM25()
+            self.retriever.index(tokens, show_progress=False)
+
+    def _tokenize(self, texts: list[str]) -> Any:
+        return self._bm25s.tokenize(texts, stopwords="en", show_progress=False)
+
+    def rank(self, query: str, exclude: Iterable[str] = ()) -> list[str]:
+        """Every key, best match first, without `exclude`; ties (and a query without any indexed
+        word) keep the paragraphs' own order."""
+        excluded = set(exclude)
+        fallback = [k for k in self.keys if k not in excluded]
+        if self.retriever is None:
+            return fallback
+        tokens = self._tokenize([query])
+        if not tokens.ids or not tokens.ids[0]:
+            return fallback
+        ranked, scores = self.retriever.retrieve(tokens, k=len(self.keys), show_progress=False, n_threads=1)
+        order = sorted(range(len(self.keys)), key=lambda i: (-float(scores[0][i]), int(ranked[0][i])))
+        return [self.keys[int(ranked[0][i])] for i in order if self.keys[int(ranked[0][i])] not in excluded]
+
+
+# --------------------------------------------------------------------------- running methods
+def runtime_config_from_params(params: Mapping[str, Any] | None) -> RuntimeConfig:
+    """A `RuntimeConfig` from the `runtime:` params section (unknown keys are ignored)."""
+    names = {f.name for f in fields(RuntimeConfig)}
+    return RuntimeConfig(**{k: v for k, v in (params or {}).items() if k in names})
+
+
+def slim_episode(episode: Episode) -> dict[str, Any]:
+    """The episode record without per-token arrays (token ids, masks, log-probs): texts and counts."""
+    record = episode.to_dict()
+    for agent in record["agents"]:
+        for key in ("token_ids", "generated_mask", "logprobs"):
+            agent.pop(key, None)
+    return record
+
+
+class Evaluator:
+    """Runs methods on problems at a budget with one engine; the same runtime for every method."""
+
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        runtime: RuntimeConfig | None = None,
+        *,
+        seed: int = 0,
+        avg_k: int = 1,
+        avg_temperature: float = 0.6,
+        avg_top_p: float = 0.95,
+    ) -> None:
+        self.engine = engine
+        self.runtime = runtime or RuntimeConfig()
+        self.seed = seed
+        self.avg_k = avg_k
+        """avg@k (AIME): single-answer methods run k independent sampled attempts per problem."""
+        self.avg_temperature = avg_temperature
+        self.avg_top_p = avg_top_p
+
+    # ------------------------------------------------------------------ config
+    def config_for(self, spec: MethodSpec, budget: int) -> RuntimeConfig:
+        use_tools = spec.mode == "delegate"
+        config = RuntimeConfig(**{f.name: getattr(self.runtime, f.name) for f in fields(RuntimeConfig)})
+        config.use_tools = use_tools
+        config.episode_token_budget = budget
+        if spec.root_max_tokens is not None:
+            config.root_max_tokens = spec.root_max_tokens
+        elif not use_tools:
+            config.root_max_tokens = budget
+        if spec.system_prompt == "thinking":
+            config.monolithic_system_prompt = THINKING_SYSTEM_PROMPT
+        return config
+
+    @staticmethod
+    def task_for(problem: Problem, mode: Mode) -> Task:
+        if problem.dataset == "qa":
+            if mode == "delegate":
+                question = qa_root_question(problem.question, list(problem.documents))
+                return Task(problem.id, question, documents=dict(problem.documents))
+            return Task(problem.id, qa_monolithic_question(problem.question, problem.documents))
+        return Task(problem.id, problem.question)
+
+    # ------------------------------------------------------------------ one (method, budget)
+    def run(
+        self, spec: MethodSpec, problems: Sequence[Problem], budget: int
+    ) -> tuple[list[ProblemResult], float]:
+        """Results per problem (in order) and the wall seconds the whole batch took."""
+        started = time.perf_counter()
+        if spec.mode == "rag":
+            results = self._run_rag(spec, problems, budget)
+        else:
+            results = self._run_sampled(spec, problems, budget)
+        return results, time.perf_counter() - started
+
+    def _run_sampled(self, spec: MethodSpec, problems: Sequence[Problem], budget: int) -> list[ProblemResult]:
+        vote = spec.samples > 1
+        if vote:
+            k = spec.samples
+            per_sample = budget // k if spec.split_budget else budget
+            sampling = SamplingConfig(temperature=spec.temperature, top_p=spec.top_p, seed=self.seed)
+        elif self.avg_k > 1:
+            k, per_sample = self.avg_k, budget
+            temperature = spec.temperature if spec.temperature > 0 else self.avg_temperature
+            top_p = spec.top_p if spec.temperature > 0 else self.avg_top_p
+            sampling = SamplingConfig(temperature=temperature, top_p=top_p, seed=self.seed)
+        else:
+            k, per_sample = 1, budget
+            sampling = SamplingConfig(temperature=spec.temperature, top_p=spec.top_p, seed=self.seed)
+        if per_sample < 1 or not problems:
+            return [_empty_result(p) for p in problems]
+        runtime = Runtime(self.engine, self.config_for(spec, per_sample))
+        tasks = [self.task_for(p, spec.mode) for p in problems]
+        episodes = runtime.run(tasks, sampling=sampling, num_samples=k)
+        results = []
+        for index, problem in enumerate(problems):
+            group = episodes[index * k : (index + 1) * k]
+            results.append(self._vote(problem, group) if vote else self._average(problem, group))
+        return results
+
+    def _vote(self, problem: Problem, group: list[Episode]) -> ProblemResult:
+        """sc@k: the majority answer; samples run in parallel, so tokens add up and the critical path is the max."""
+        texts = [episode_answer_text(e) for e in group]
+        keys = [answer_key(problem.dataset, e.final_answer, t) for e, t in zip(group, texts, strict=True)]
+        winner = majority_vote(keys)
+        answer = group[winner].final_answer if winner is not None else None
+        correct, f1 = score_answer(problem, answer, texts[winner] if winner is not None else "")
+        return ProblemResult(
+            problem.id,
+            answer,
+            correct,
+            f1,
+            generated_tokens=sum(e.generated_tokens for e in group),
+            total_tokens=sum(e.total_tokens for e in group),
+            critical_path_tokens=max(e.critical_path_tokens for e in group),
+            latency_seconds=max(e.wall_seconds for e in group),
+            clones=sum(e.num_clones for e in group),
+            protocol_error_rate=_error_rate(group),
+            episodes=group,
+            extra={"votes": [None if key is None else str(key) for key in keys], "winner": winner},
+        )
+
+    def _average(self, problem: Problem, group: list[Episode]) -> ProblemResult:
+        """One attempt, or avg@k: every attempt scored, everything averaged over attempts."""
+        scores = [score_answer(problem, e.final_answer, episode_answer_text(e)) for e in group]
+        f1s = [f1 for _, f1 in scores if f1 is not None]
+        k = len(group)
+        return ProblemResult(
+            problem.id,
+            group[0].final_answer,
+            sum(c for c, _ in scores) / k,
+            sum(f1s) / len(f1s) if f1s else None,
+            generated_tokens=sum(e.generated_tokens for e in group) / k,
+            total_tokens=sum(e.total_tokens for e in group) / k,
+            critical_path_tokens=sum(e.critical_path_tokens for e in group) / k,
+            latency_seconds=sum(e.wall_seconds for e in group) / k,
+            clones=sum(e.num_clones for e in group) / k,
+            protocol_error_rate=_error_rate(group),
+            episodes=group,
+            extra={"attempts": [None if e.final_answer is None else e.final_answer for e in group]}
+            if k > 1
+            else {},
+        )
+
+    def _run_rag(self, spec: MethodSpec, problems: Sequence[Problem], budget: int) -> list[ProblemResult]:
+        """Agentic RAG: per hop, BM25-retrieve `top_k` new paragraphs for the question plus what the
+        reader wrote so far, then let the monolithic reader answer from every paragraph retrieved.
+
+        The problem's budget is shared between its hops: hop h gets (budget left) // (hops left).
+        The last hop's answer is the answer; tokens, critical path and time add up over hops.
+        """
+        if any(p.dataset != "qa" for p in problems):
+            raise ValueError("agentic RAG needs QA problems (paragraphs to retrieve from)")
+        hops = [max(1, min(p.num_hops, spec.max_hops)) for p in problems]
+        rankers = [BM25Ranker(p.documents) for p in problems]
+        retrieved: list[list[str]] = [[] for _ in problems]
+        notes: list[list[str]] = [[] for _ in problems]
+        used = [0] * len(problems)
+        episodes: list[list[Episode]] = [[] for _ in problems]
+        sampling = SamplingConfig(temperature=spec.temperature, top_p=spec.top_p, seed=self.seed)
+        for hop in range(max(hops, default=0)):
+            by_budget: dict[int, list[int]] = {}
+            for i, problem in enumerate(problems):
+                if hop >= hops[i]:
+                    continue
+                grant = (budget - used[i]) // (hops[i] - hop)
+                if grant < 1:
+                    continue
+                query = " ".join([problem.question, *notes[i]])
+                retrieved[i] += rankers[i].rank(query, exclude=retrieved[i])[: spec.top_k]
+                by_budget.setdefault(grant, []).append(i)
+            for grant, indices in sorted(by_budget.items()):
+                runtime = Runtime(self.engine, self.config_for(spec, grant))
+                tasks = []
+                for i in indices:
+                    documents = {key: problems[i].documents[key] for key in retrieved[i]}
+                    question = qa_monolithic_question(problems[i].question, documents)
+                    tasks.append(Task(problems[i].id, question, metadata={"hop": hop + 1}))
+                for i, episode in zip(indices, runtime.run(tasks, sampling=sampling), strict=True):
+                    episodes[i].append(episode)
+                    used[i] += episode.generated_tokens
+                    notes[i].append(episode.final_text.replace(ANSWER_MARKER, " "))
+        results = []
+        for i, problem in enumerate(problems):
+            group = episodes[i]
+            if not group:
+                results.append(_empty_result(problem))
+                continue
+            answer = group[-1].final_answer
+            correct, f1 = score_answer(problem, answer, episode_answer_text(group[-1]))
+            results.append(
+                ProblemResult(
+                    problem.id,
+                    answer,
+                    correct,
+                    f1,
+                    generated_tokens=sum(e.generated_tokens for e in group),
+                    total_tokens=sum(e.total_tokens for e in group),
+                    critical_path_tokens=sum(e.critical_path_tokens for e in group),
+                    latency_seconds=sum(e.wall_seconds for e in group),
+                    clones=0.0,
+                    protocol_error_rate=_error_rate(group),
+                    episodes=group,
+                    extra={"retrieved": retrieved[i], "hops": len(group)},
+                )
+            )
+        return results
+
+
+def _error_rate(group: Sequence[Episode]) -> float:
+    return sum(bool(e.protocol_errors) for e in group) / len(group) if group else 0.0
+
+
+def _empty_result(problem: Problem) -> ProblemResult:
+    """A problem the method could not even start (a budget too small to grant any token)."""
+    correct, f1 = score_answer(problem, None)
+    return ProblemResult(problem.id, None, correct, f1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, [], {"skipped": True})
+
+
+# --------------------------------------------------------------------------- one cell
+def problem_record(problem: Problem, result: ProblemResult, *, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """One line of a cell's episodes.jsonl: the problem, the method's verdict and every episode."""
+    return {
+        **meta,
+        "problem_id": problem.id,
+        "question": problem.question,
+        "num_hops": problem.num_hops if problem.dataset == "qa" else None,
+        "golds": problem.golds,
+        "answer": result.answer,
+        "correct": result.correct,
+        "f1": result.f1,
+        "generated_tokens": result.generated_tokens,
+        "total_tokens": result.total_tokens,
+        "critical_path_tokens": result.critical_path_tokens,
+        "latency_seconds": result.latency_seconds,
+        "clones": result.clones,
+        "protocol_error_rate": result.protocol_error_rate,
+        "extra": result.extra,
+        "episodes": [slim_episode(e) for e in result.episodes],
+    }
+
+
+def evaluate_cell(
+    evaluator: Evaluator,
+    methods: Sequence[MethodSpec],
+    problems: Sequence[Problem],
+    budgets: Sequence[int],
+    *,
+    meta: Mapping[str, Any],
+    resamples: int = 1000,
+    bootstrap_seed: int = 0,
+    records_out: Any | None = None,
+) -> list[dict[str, Any]]:
+    """Every method at every budget on `problems`: one sweep row per (method, budget).
+
+    `meta` (dataset, split, checkpoint) is copied into every row and record; `records_out` (a text
+    file) receives one JSON line per (method, budget, problem) when given.
+    """
+    rows = []
+    for spec in methods:
+        for budget in budgets:
+            results, seconds = evaluator.run(spec, problems, int(budget))
+            row = {**meta, "method": spec.name, "budget": int(budget)}
+            row.update(summarize(results, seconds=seconds, resamples=resamples, seed=bootstrap_seed))
+            rows.append(row)
+            log.info(
+                "%s %s budget=%d: acc=%.3f gen=%.1f crit=%.1f (%.1fs)",
+                meta.get("split"),
+                spec.name,
+                budget,
+                row["accuracy"],
+                row["gen_tokens"],
+                row["critical_tokens"],
+                seconds,
+            )
+            if records_out is not None:
+                for problem, result in zip(problems, results, strict=True):
+                    record = problem_record(
+                        problem, result, meta={**meta, "method": spec.name, "budget": int(budget)}
+                    )
+                    records_out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return rows

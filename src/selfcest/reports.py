@@ -1,0 +1,875 @@
+"""Reports from the budget-sweep cells: CSV, compact metrics, Pareto plots, a computed summary, traces.
+
+Everything here is computed from the cells' outputs (`rows.json`, `episodes.jsonl.gz`); nothing is
+written by hand. The module imports neither torch nor the runtime, so the report stage starts fast.
+
+Frontier definitions (cost x = mean tokens per problem, accuracy y in [0, 1]):
+
+- A method's *frontier* F(x) is the best accuracy it reaches among its points (one per budget)
+  that cost at most x tokens, and 0 when none is that cheap: a non-decreasing step function
+  (the monotone Pareto frontier of its points).
+- Its *frontier area* (AUC) over [0, X] is (1 / X) * integral_0^X F(x) dx, in [0, 1]: 1 means
+  perfect accuracy at zero cost, and every token a method needs before it gets anything right
+  counts against it. X is fixed per report (`eval.report.auc_max_tokens`, by default the largest
+  budget), so areas are comparable across methods; with tree-wide budgets no method's point
+  costs more generated tokens than the largest budget, so nothing lies beyond X.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import html
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HOLDS = "HOLDS"
+FAILS = "DOES NOT HOLD"
+NOT_CHECKED = "NOT CHECKED"
+EPS = 1e-9
+"""Accuracies are means over the same problems; differences below this are ties."""
+
+COLUMNS = [
+    "dataset",
+    "split",
+    "benchmark",
+    "method",
+    "checkpoint",
+    "budget",
+    "n",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+    "f1",
+    "f1_ci_low",
+    "f1_ci_high",
+    "gen_tokens",
+    "total_tokens",
+    "critical_tokens",
+    "seconds",
+    "latency_seconds",
+    "clones",
+    "protocol_error_rate",
+]
+COSTS = {
+    "gen_tokens": "generated tokens",
+    "total_tokens": "total tokens (with prompts)",
+    "critical_tokens": "critical-path tokens",
+}
+
+
+def benchmark(dataset: str, split: str) -> str:
+    return f"{dataset}/{split}"
+
+
+def per_dataset(value: Any, dataset: str, default: Any = None) -> Any:
+    """A setting given once for every dataset, or as a mapping per dataset (missing: `default`)."""
+    if isinstance(value, Mapping):
+        return value.get(dataset, default)
+    return default if value is None else value
+
+
+@dataclass
+class Settings:
+    """What a benchmark's report compares at: its budgets, reference budget and frontier range."""
+
+    budgets: list[int]
+    reference_budget: int
+    auc_max_tokens: float
+
+
+def settings_for(eval_params: Mapping[str, Any], dataset: str) -> Settings:
+    """`eval.budgets`, `eval.report.reference_budget` and `eval.report.auc_max_tokens` for one
+    dataset; each may be one value for all datasets or a mapping per dataset. Defaults: the middle
+    budget, and the largest budget as the end of the frontier range."""
+    report = eval_params.get("report") or {}
+    budgets = sorted(int(b) for b in per_dataset(eval_params.get("budgets"), dataset, []) or [])
+    reference = per_dataset(report.get("reference_budget"), dataset)
+    reference = int(reference) if reference is not None else (budgets[len(budgets) // 2] if budgets else 0)
+    auc_max = per_dataset(report.get("auc_max_tokens"), dataset)
+    auc_max = float(auc_max) if auc_max is not None else float(max(budgets, default=1))
+    return Settings(budgets, reference, auc_max)
+
+
+# --------------------------------------------------------------------------- loading cells
+@dataclass
+class Sweep:
+    """Every cell's rows, plus what was expected and is missing."""
+
+    rows: list[dict[str, Any]]
+    cells: list[dict[str, Any]]
+    """rows.json payloads (status `ok` or `missing`), without their rows."""
+    cell_dirs: dict[tuple[str, str, str], Path] = field(default_factory=dict)
+    """(dataset, split, checkpoint) -> directory holding that cell's episodes.jsonl.gz."""
+
+    def benchmarks(self) -> list[str]:
+        return list(dict.fromkeys(r["benchmark"] for r in self.rows))
+
+    def for_benchmark(self, name: str) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["benchmark"] == name]
+
+
+def configured_cells(eval_params: Mapping[str, Any]) -> set[tuple[str, str, str]]:
+    """(dataset, split, checkpoint) of every cell the params ask for."""
+    checkpoints = list(eval_params.get("models") or {})
+    splits = eval_params.get("splits") or {}
+    return {
+        (dataset, split, c) for dataset, names in splits.items() for split in names or [] for c in checkpoints
+    }
+
+
+def load_sweep(root: Path | str, allowed: set[tuple[str, str, str]] | None = None) -> Sweep:
+    """Read every `<dataset>/<split>/<checkpoint>/rows.json` under `root` (absent root: empty sweep).
+
+    With `allowed`, cells outside it are ignored: DVC leaves the outputs of cells that left the
+    matrix on disk, and a report must not mix those stale results in.
+    """
+    root = Path(root)
+    rows: list[dict[str, Any]] = []
+    cells: list[dict[str, Any]] = []
+    dirs: dict[tuple[str, str, str], Path] = {}
+    for path in sorted(root.glob("*/*/*/rows.json")):
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        if (
+            allowed is not None
+            and (payload["dataset"], payload["split"], payload["checkpoint"]) not in allowed
+        ):
+            continue
+        cell_rows = payload.pop("rows", [])
+        cells.append(payload)
+        dirs[(payload["dataset"], payload["split"], payload["checkpoint"])] = path.parent
+        for row in cell_rows:
+            rows.append({**row, "benchmark": benchmark(row["dataset"], row["split"])})
+    return Sweep(rows, cells, dirs)
+
+
+def method_applies(values: Mapping[str, Any] | None, dataset: str) -> bool:
+    """The rule of `selfcest.evaluation.MethodSpec.applies_to`, without importing the runtime."""
+    values = values or {}
+    datasets = values.get("datasets")
+    if datasets is None and values.get("mode") == "rag":
+        datasets = ["qa"]
+    return datasets is None or dataset in datasets
+
+
+def expected_methods(eval_params: Mapping[str, Any], dataset: str) -> list[str]:
+    """Methods a benchmark of `dataset` should have: every configured one that applies, plus the claims' roles."""
+    names = [
+        name
+        for methods in (eval_params.get("models") or {}).values()
+        for name, values in (methods or {}).items()
+        if method_applies(values, dataset)
+    ]
+    roles = (eval_params.get("report") or {}).get("claim_methods") or {}
+    for key in ("selfcest", "base", "prompted"):
+        if roles.get(key):
+            names.append(roles[key])
+    names += list(roles.get("rivals") or [])
+    return list(dict.fromkeys(names))
+
+
+def expected_benchmarks(eval_params: Mapping[str, Any]) -> list[str]:
+    splits = eval_params.get("splits") or {}
+    return [benchmark(dataset, split) for dataset, names in splits.items() for split in names or []]
+
+
+def missing_methods(sweep: Sweep, eval_params: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Per expected benchmark, each expected method without rows and why: its checkpoint directory
+    was missing, its cell has not run, or no checkpoint in eval.models lists it."""
+    home = {m: c for c, methods in (eval_params.get("models") or {}).items() for m in (methods or {})}
+    status = {(c["dataset"], c["split"], c["checkpoint"]): c.get("status") for c in sweep.cells}
+    out: dict[str, dict[str, str]] = {}
+    for name in expected_benchmarks(eval_params):
+        dataset, split = name.split("/", 1)
+        have = {r["method"] for r in sweep.for_benchmark(name)}
+        for method in expected_methods(eval_params, dataset):
+            if method in have:
+                continue
+            checkpoint = home.get(method)
+            if checkpoint is None:
+                reason = "not configured in eval.models"
+            elif status.get((dataset, split, checkpoint)) == "missing":
+                reason = f"checkpoint `{checkpoint}` not found"
+            else:
+                reason = f"no cell for `{checkpoint}`"
+            out.setdefault(name, {})[method] = reason
+    return out
+
+
+# --------------------------------------------------------------------------- frontiers
+Point = tuple[float, float]
+
+
+def _clean(points: Iterable[Point]) -> list[Point]:
+    return sorted(
+        (float(x), float(y)) for x, y in points if not (math.isnan(float(x)) or math.isnan(float(y)))
+    )
+
+
+def frontier(points: Iterable[Point]) -> list[Point]:
+    """The monotone Pareto frontier: by increasing cost, each point more accurate than every cheaper one."""
+    out: list[Point] = []
+    best = -math.inf
+    for x, y in sorted(_clean(points), key=lambda p: (p[0], -p[1])):
+        if y > best + EPS:
+            out.append((x, y))
+            best = y
+    return out
+
+
+def frontier_value(points: Iterable[Point], x: float) -> float:
+    """F(x): the best accuracy among points costing at most `x`; 0.0 when none is that cheap."""
+    return max((y for px, y in _clean(points) if px <= x + EPS), default=0.0)
+
+
+def frontier_auc(points: Iterable[Point], x_max: float) -> float:
+    """(1 / x_max) * integral of F over [0, x_max]: the normalised area under the frontier step function."""
+    if x_max <= 0:
+        raise ValueError("x_max must be positive")
+    area = 0.0
+    steps = [(x, y) for x, y in frontier(points) if x < x_max]
+    for i, (x, y) in enumerate(steps):
+        end = steps[i + 1][0] if i + 1 < len(steps) else x_max
+        area += (end - max(x, 0.0)) * y
+    return area / x_max
+
+
+def method_points(rows: Iterable[Mapping[str, Any]], method: str, cost: str = "gen_tokens") -> list[Point]:
+    return [(r[cost], r["accuracy"]) for r in rows if r["method"] == method]
+
+
+def combined_frontier(rows: Sequence[Mapping[str, Any]], cost: str = "gen_tokens") -> list[dict[str, Any]]:
+    """Which method is on the all-methods frontier where, and by how much it leads the best other method.
+
+    Returns one segment per frontier point, by increasing cost: `method`, `budget`, `accuracy`,
+    `from`/`to` (the cost range it owns; `to` is None for the last), `runner_up` and `margin`
+    (accuracy minus the best other method's frontier value at the segment's start).
+    """
+    ordered = sorted(rows, key=lambda r: (r[cost], -r["accuracy"], r["method"], r["budget"]))
+    points: list[Mapping[str, Any]] = []
+    best = -math.inf
+    for r in ordered:
+        if r["accuracy"] > best + EPS:
+            points.append(r)
+            best = r["accuracy"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    segments = []
+    for i, r in enumerate(points):
+        others = {
+            m: frontier_value(method_points(rows, m, cost), r[cost]) for m in methods if m != r["method"]
+        }
+        runner_up = max(others, key=lambda m: others[m]) if others else None
+        segments.append(
+            {
+                "method": r["method"],
+                "budget": r["budget"],
+                "accuracy": r["accuracy"],
+                "from": r[cost],
+                "to": points[i + 1][cost] if i + 1 < len(points) else None,
+                "runner_up": runner_up,
+                "margin": r["accuracy"] - (others[runner_up] if runner_up else 0.0),
+            }
+        )
+    return segments
+
+
+# --------------------------------------------------------------------------- claims
+@dataclass
+class Claim:
+    key: str
+    statement: str
+    status: str
+    detail: str
+
+    @property
+    def holds(self) -> bool | None:
+        return None if self.status == NOT_CHECKED else self.status == HOLDS
+
+
+def _by_budget(rows: Iterable[Mapping[str, Any]], method: str) -> dict[int, Mapping[str, Any]]:
+    return {int(r["budget"]): r for r in rows if r["method"] == method}
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def claim_beats_base(rows: Sequence[Mapping[str, Any]], selfcest: str, base: str, min_gain: float) -> Claim:
+    """(a) At some budget of the sweep, with the same tree-wide budget for both, selfcest's accuracy
+    minus base's is at least `min_gain` (0.15 = 15 points). Compared on point estimates; every
+    budget's gap is reported."""
+    statement = f"{selfcest} beats {base} by >= {100 * min_gain:.0f} accuracy points at a matched budget"
+    ours, theirs = _by_budget(rows, selfcest), _by_budget(rows, base)
+    budgets = sorted(set(ours) & set(theirs))
+    if not budgets:
+        return Claim("a", statement, NOT_CHECKED, f"missing: {selfcest if not ours else base}")
+    gaps = {b: ours[b]["accuracy"] - theirs[b]["accuracy"] for b in budgets}
+    best = max(budgets, key=lambda b: gaps[b])
+    status = HOLDS if gaps[best] >= min_gain - EPS else FAILS
+    detail = "; ".join(
+        f"budget {b}: {_pct(ours[b]['accuracy'])} vs {_pct(theirs[b]['accuracy'])} ({100 * gaps[b]:+.1f} pts)"
+        for b in budgets
+    )
+    return Claim(
+        "a", statement, status, f"largest gap {100 * gaps[best]:+.1f} pts at budget {best}. {detail}"
+    )
+
+
+def claim_frontier(
+    rows: Sequence[Mapping[str, Any]], selfcest: str, rivals: Sequence[str], budgets: Sequence[int]
+) -> Claim:
+    """(b) At every tested budget b, selfcest's frontier value F_selfcest(b) (best accuracy using at
+    most b generated tokens) is at least every rival's F_rival(b). A present rival above selfcest
+    anywhere makes it fail; otherwise a missing rival (or missing selfcest) leaves it not checked."""
+    statement = f"{selfcest}'s frontier is at or above those of {', '.join(rivals)} at every budget tested"
+    ours = method_points(rows, selfcest)
+    present = [m for m in rivals if method_points(rows, m)]
+    absent = [m for m in rivals if m not in present]
+    if not ours or not present:
+        return Claim("b", statement, NOT_CHECKED, f"missing: {', '.join([selfcest] if not ours else absent)}")
+    failures, lines = [], []
+    for b in budgets:
+        mine = frontier_value(ours, b)
+        theirs = {m: frontier_value(method_points(rows, m), b) for m in present}
+        best = max(theirs, key=lambda m: theirs[m])
+        lines.append(f"budget {b}: {_pct(mine)} vs best rival {best} {_pct(theirs[best])}")
+        failures += [
+            f"{m} at {b} ({_pct(theirs[m])} > {_pct(mine)})" for m in present if theirs[m] > mine + EPS
+        ]
+    detail = ("; ".join(lines)) + (f". Below: {', '.join(failures)}" if failures else "")
+    if absent:
+        detail += f". Not compared (missing): {', '.join(absent)}"
+    status = FAILS if failures else (NOT_CHECKED if absent else HOLDS)  # a missing rival could still be above
+    return Claim("b", statement, status, detail)
+
+
+def claim_beats_prompted(
+    rows: Sequence[Mapping[str, Any]], selfcest: str, prompted: str, reference_budget: int
+) -> Claim:
+    """(c) At the reference budget, selfcest has higher accuracy than prompted (the same checkpoint
+    before RL with the same tool), or equal accuracy with fewer mean generated tokens."""
+    statement = f"{selfcest} beats {prompted} (higher accuracy, or equal accuracy for fewer tokens)"
+    ours, theirs = _by_budget(rows, selfcest), _by_budget(rows, prompted)
+    if reference_budget not in ours or reference_budget not in theirs:
+        lacking = [m for m, d in ((selfcest, ours), (prompted, theirs)) if reference_budget not in d]
+        return Claim(
+            "c",
+            statement,
+            NOT_CHECKED,
+            f"no row at the reference budget {reference_budget} for {', '.join(lacking)}",
+        )
+    a, b = ours[reference_budget], theirs[reference_budget]
+    better = a["accuracy"] > b["accuracy"] + EPS
+    tie_cheaper = abs(a["accuracy"] - b["accuracy"]) <= EPS and a["gen_tokens"] < b["gen_tokens"]
+    detail = (
+        f"at budget {reference_budget}: {_pct(a['accuracy'])} with {a['gen_tokens']:.0f} generated tokens vs "
+        f"{_pct(b['accuracy'])} with {b['gen_tokens']:.0f}"
+    )
+    return Claim("c", statement, HOLDS if better or tie_cheaper else FAILS, detail)
+
+
+def claim_critical_path(rows: Sequence[Mapping[str, Any]], selfcest: str, base: str) -> Claim:
+    """(d) Take base's most accurate point q (ties: fewest critical-path tokens). The claim holds when
+    some selfcest point reaches at least q's accuracy with fewer mean critical-path tokens than q.
+    Not checked when base is never right (no accuracy level to match)."""
+    statement = f"{selfcest} needs fewer critical-path tokens than {base} at equal or better accuracy"
+    ours, theirs = [r for r in rows if r["method"] == selfcest], [r for r in rows if r["method"] == base]
+    if not ours or not theirs:
+        return Claim("d", statement, NOT_CHECKED, f"missing: {selfcest if not ours else base}")
+    q = max(theirs, key=lambda r: (r["accuracy"], -r["critical_tokens"]))
+    if q["accuracy"] <= EPS:
+        return Claim(
+            "d", statement, NOT_CHECKED, f"{base} is never right, so there is no accuracy level to match"
+        )
+    matching = [r for r in ours if r["accuracy"] >= q["accuracy"] - EPS]
+    reference = f"{base} at budget {q['budget']}: {_pct(q['accuracy'])} with {q['critical_tokens']:.0f} critical-path tokens"
+    if not matching:
+        best = max(ours, key=lambda r: r["accuracy"])
+        return Claim(
+            "d", statement, FAILS, f"{reference}; {selfcest} never reaches it (best {_pct(best['accuracy'])})"
+        )
+    p = min(matching, key=lambda r: r["critical_tokens"])
+    status = HOLDS if p["critical_tokens"] < q["critical_tokens"] else FAILS
+    return Claim(
+        "d",
+        statement,
+        status,
+        f"{reference}; {selfcest} at budget {p['budget']}: {_pct(p['accuracy'])} with {p['critical_tokens']:.0f} "
+        f"({p['critical_tokens'] - q['critical_tokens']:+.0f})",
+    )
+
+
+def check_claims(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    roles: Mapping[str, Any],
+    budgets: Sequence[int],
+    reference_budget: int,
+    min_gain: float = 0.15,
+) -> list[Claim]:
+    """The four claims on one benchmark's rows; `roles` maps selfcest/base/prompted/rivals to method names."""
+    selfcest, base, prompted = (
+        roles.get("selfcest", "selfcest"),
+        roles.get("base", "base"),
+        roles.get("prompted", "prompted"),
+    )
+    rivals = list(roles.get("rivals") or [])
+    return [
+        claim_beats_base(rows, selfcest, base, min_gain),
+        claim_frontier(rows, selfcest, rivals, budgets),
+        claim_beats_prompted(rows, selfcest, prompted, reference_budget),
+        claim_critical_path(rows, selfcest, base),
+    ]
+
+
+# --------------------------------------------------------------------------- writers
+def _fmt(value: Any) -> Any:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else round(value, 6)
+    return "" if value is None else value
+
+
+def write_sweep_csv(rows: Sequence[Mapping[str, Any]], path: Path | str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: _fmt(row.get(c)) for c in COLUMNS})
+
+
+def sort_rows(
+    rows: Iterable[Mapping[str, Any]], method_order: Sequence[str], benchmark_order: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """Rows by benchmark (in `benchmark_order`, then by name), method (in `method_order`) and budget."""
+    rank = {m: i for i, m in enumerate(method_order)}
+    bench = {b: i for i, b in enumerate(benchmark_order)}
+    return sorted(
+        (dict(r) for r in rows),
+        key=lambda r: (
+            bench.get(benchmark(r["dataset"], r["split"]), len(bench)),
+            r["dataset"],
+            r["split"],
+            rank.get(r["method"], len(rank)),
+            r["method"],
+            int(r["budget"]),
+        ),
+    )
+
+
+def build_metrics(
+    sweep: Sweep, *, settings: Mapping[str, Settings], claims: Mapping[str, list[Claim]]
+) -> dict[str, Any]:
+    """Compact metrics for `dvc metrics diff`: per benchmark, its reference budget and frontier range,
+    and per method the accuracy at the reference budget and the frontier area (generated tokens);
+    per claim benchmark, 1 or 0 per checked claim (unchecked claims are left out)."""
+    out: dict[str, Any] = {"benchmarks": {}}
+    for name in sweep.benchmarks():
+        rows = sweep.for_benchmark(name)
+        setting = settings[name.split("/", 1)[0]]
+        entry: dict[str, Any] = {
+            "reference_budget": setting.reference_budget,
+            "auc_max_tokens": setting.auc_max_tokens,
+            "methods": {},
+        }
+        for method in dict.fromkeys(r["method"] for r in rows):
+            values = {"auc": round(frontier_auc(method_points(rows, method), setting.auc_max_tokens), 6)}
+            at_ref = _by_budget(rows, method).get(setting.reference_budget)
+            if at_ref is not None:
+                values["accuracy"] = round(at_ref["accuracy"], 6)
+            entry["methods"][method] = values
+        out["benchmarks"][name] = entry
+    out["claims"] = {
+        name: {c.key: int(c.holds) for c in items if c.holds is not None} for name, items in claims.items()
+    }
+    return out
+
+
+def plot_benchmark(
+    rows: Sequence[Mapping[str, Any]], name: str, path: Path | str, method_order: Sequence[str]
+) -> None:
+    """Accuracy (with 95% intervals) against each cost, one line per method (points = budgets)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [m for m in method_order if any(r["method"] == m for r in rows)]
+    methods += [m for m in dict.fromkeys(r["method"] for r in rows) if m not in methods]
+    fig, axes = plt.subplots(1, len(COSTS), figsize=(5.2 * len(COSTS), 4.2), sharey=True)
+    markers = "osD^v<>ph*X"
+    for ax, (cost, label) in zip(axes, COSTS.items(), strict=True):
+        for i, method in enumerate(methods):
+            points = sorted((r for r in rows if r["method"] == method), key=lambda r: r["budget"])
+            xs = [r[cost] for r in points]
+            ys = [r["accuracy"] for r in points]
+            low = [
+                max(0.0, y - r["ci_low"]) if not math.isnan(r["ci_low"]) else 0.0
+                for y, r in zip(ys, points, strict=True)
+            ]
+            high = [
+                max(0.0, r["ci_high"] - y) if not math.isnan(r["ci_high"]) else 0.0
+                for y, r in zip(ys, points, strict=True)
+            ]
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=[low, high],
+                marker=markers[i % len(markers)],
+                capsize=3,
+                label=method,
+                linewidth=1.2,
+            )
+        steps = frontier((r[cost], r["accuracy"]) for r in rows)
+        if steps:
+            steps.append((max(r[cost] for r in rows), steps[-1][1]))  # the last level holds to the right
+            ax.step(
+                [x for x, _ in steps],
+                [y for _, y in steps],
+                where="post",
+                color="black",
+                alpha=0.25,
+                linewidth=4,
+                label="frontier",
+            )
+        ax.set_xlabel(f"mean {label} per problem")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy")
+    axes[-1].legend(fontsize=8, loc="best")
+    fig.suptitle(f"{name}: accuracy vs cost (points: budgets; bars: bootstrap 95% CI)")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _md_num(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def summary_markdown(
+    sweep: Sweep,
+    *,
+    eval_params: Mapping[str, Any],
+    settings: Mapping[str, Settings],
+    claims: Mapping[str, list[Claim]],
+    method_order: Sequence[str],
+) -> str:
+    """The summary report: per benchmark a table at the reference budget, who owns the frontier
+    where, and the claims; every sentence is generated from the rows."""
+    lines = [
+        "# Budget-sweep evaluation",
+        "",
+        "Generated by `stages/report.py` from the sweep cells; do not edit by hand.",
+        "",
+        "- Budgets are tree-wide: every token a method generates for one problem (roots, clones, "
+        "samples, hops) counts against it.",
+    ]
+    for dataset, s in settings.items():
+        lines.append(
+            f"- `{dataset}`: budgets {', '.join(map(str, s.budgets)) or '-'}; reference budget "
+            f"{s.reference_budget}; frontier area over [0, {s.auc_max_tokens:g}] generated tokens."
+        )
+    lines += [
+        "- Frontier area (AUC): normalised area under a method's monotone Pareto frontier "
+        "(its best accuracy using at most x tokens, a step function) over the range above.",
+        "- Accuracy: exact match (QA: SQuAD-normalised EM; F1 in its own column), with a seeded "
+        "bootstrap 95% interval.",
+        "",
+    ]
+    missing = missing_methods(sweep, eval_params)
+    absent = [name for name in expected_benchmarks(eval_params) if not sweep.for_benchmark(name)]
+    if missing or absent:
+        lines += ["## Missing", ""]
+        lines += [f"- `{name}`: no cells at all" for name in absent]
+        lines += [
+            f"- `{name}`: " + "; ".join(f"`{m}` ({reason})" for m, reason in methods.items())
+            for name, methods in missing.items()
+            if name not in absent
+        ]
+        lines.append("")
+    if claims:
+        names = list(claims)
+        lines += [
+            "## Claims",
+            "",
+            "| claim | " + " | ".join(f"`{n}`" for n in names) + " |",
+            "|---|" + "---|" * len(names),
+        ]
+        keys = [c.key for c in next(iter(claims.values()))]
+        statements = {c.key: c.statement for items in claims.values() for c in items}
+        for key in keys:
+            cells = [next(c.status for c in claims[n] if c.key == key) for n in names]
+            lines.append(f"| ({key}) {statements[key]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    for name in sweep.benchmarks():
+        rows = sweep.for_benchmark(name)
+        setting = settings[name.split("/", 1)[0]]
+        reference_budget, auc_max_tokens = setting.reference_budget, setting.auc_max_tokens
+        methods = [m for m in method_order if any(r["method"] == m for r in rows)]
+        methods += [m for m in dict.fromkeys(r["method"] for r in rows) if m not in methods]
+        has_f1 = any(r.get("f1") is not None for r in rows)
+        n = max((int(r["n"]) for r in rows), default=0)
+        lines += [f"## `{name}` ({n} problems)", ""]
+        header = ["method", f"acc @{reference_budget} [95% CI]"] + (["F1"] if has_f1 else [])
+        header += [
+            "gen tok",
+            "total tok",
+            "crit tok",
+            "s/problem",
+            "clones",
+            "proto err",
+            "AUC gen",
+            "AUC crit",
+        ]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for method in methods:
+            at = _by_budget(rows, method).get(reference_budget)
+            auc = frontier_auc(method_points(rows, method), auc_max_tokens)
+            auc_crit = frontier_auc(method_points(rows, method, "critical_tokens"), auc_max_tokens)
+            if at is None:
+                cells = [f"`{method}`", "-"] + (["-"] if has_f1 else []) + ["-"] * 6
+            else:
+                cells = [
+                    f"`{method}`",
+                    f"{_pct(at['accuracy'])} [{_pct(at['ci_low'])}, {_pct(at['ci_high'])}]",
+                ]
+                if has_f1:
+                    cells.append(_md_num(at.get("f1"), 3))
+                cells += [
+                    _md_num(at["gen_tokens"]),
+                    _md_num(at["total_tokens"]),
+                    _md_num(at["critical_tokens"]),
+                    _md_num(at["seconds"], 3),
+                    _md_num(at["clones"], 2),
+                    _pct(at["protocol_error_rate"]),
+                ]
+            cells += [f"{auc:.3f}", f"{auc_crit:.3f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        areas = {m: frontier_auc(method_points(rows, m), auc_max_tokens) for m in methods}
+        ranking = sorted(methods, key=lambda m: -areas[m])
+        if ranking:
+            text = f"`{ranking[0]}` {areas[ranking[0]]:.3f}"
+            for before, method in zip(ranking, ranking[1:], strict=False):
+                text += (
+                    " > " if areas[before] > areas[method] + EPS else " = "
+                ) + f"`{method}` {areas[method]:.3f}"
+            lines += [f"Frontier area ranking (generated tokens): {text}.", ""]
+        for cost in ("gen_tokens", "critical_tokens"):
+            segments = [seg for seg in combined_frontier(rows, cost) if seg["accuracy"] > EPS]
+            lines.append(f"On the all-methods frontier ({COSTS[cost]}):")
+            if not segments:
+                lines.append("- no method gets any problem right at any budget")
+            for s in segments:
+                span = f"from {s['from']:.0f}" + (
+                    f" to {s['to']:.0f} tokens" if s["to"] is not None else " tokens upwards"
+                )
+                lead = (
+                    f", {100 * s['margin']:+.1f} pts over the best other method (`{s['runner_up']}`) at that cost"
+                    if s["runner_up"]
+                    else ""
+                )
+                lines.append(
+                    f"- {span}: `{s['method']}` (budget {s['budget']}) at {_pct(s['accuracy'])}{lead}"
+                )
+            lines.append("")
+        if name in claims:
+            lines += ["Claims:", ""]
+            for c in claims[name]:
+                lines.append(f"- ({c.key}) {c.statement}: **{c.status}**. {c.detail}")
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# --------------------------------------------------------------------------- trace viewer
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1200px;color:#222}
+h1{font-size:1.4em}h2{font-size:1.2em;border-bottom:1px solid #ccc;margin-top:2em}
+h3{font-size:1.05em;margin-bottom:.3em}
+details{margin:.3em 0 .3em 1em}summary{cursor:pointer}
+pre{white-space:pre-wrap;word-break:break-word;background:#f6f6f6;padding:.4em;margin:.2em 0;font-size:.85em;max-height:24em;overflow:auto}
+.agent{border-left:3px solid #9ab;padding-left:.6em;margin:.4em 0}.clone{border-left-color:#c96}
+.ok{color:#161}.bad{color:#a11}.meta{color:#555;font-size:.9em}
+table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:2px 6px;font-size:.85em}
+"""
+MAX_TEXT_CHARS = 3000
+
+
+def _text(value: Any, limit: int = MAX_TEXT_CHARS) -> str:
+    """Escaped untrusted text, cut to `limit` characters."""
+    text = "" if value is None else str(value)
+    if len(text) > limit:
+        text = text[:limit] + f"\n... ({len(text) - limit} more characters)"
+    return html.escape(text)
+
+
+def _agent_html(agents: Sequence[Mapping[str, Any]], index: int) -> str:
+    agent = agents[index]
+    e = html.escape
+    role = "clone" if agent.get("role") == "clone" else "root"
+    status = str(agent.get("status"))
+    parts = [
+        f'<div class="agent {role}"><b>{e(str(agent.get("agent_id")))}</b> '
+        f'<span class="{"ok" if status == "ok" else "bad"}">[{e(status)}]</span> '
+        f'<span class="meta">max_tokens={e(str(agent.get("max_tokens")))} generated={e(str(agent.get("generated_tokens")))} '
+        f"prompt={e(str(agent.get('prompt_tokens')))} critical={e(str(agent.get('critical_path_tokens')))}</span>"
+    ]
+    if role == "clone":
+        keys = agent.get("context_keys") or []
+        parts.append(f'<div class="meta">task:</div><pre>{_text(agent.get("task"))}</pre>')
+        parts.append(f'<div class="meta">context keys: {e(", ".join(map(str, keys))) or "(none)"}</div>')
+    parts.append(
+        f'<div class="meta">answer: {_text(agent.get("answer"), 500)}'
+        + (f" &middot; failure: {_text(agent.get('failure'), 300)}" if agent.get("failure") else "")
+        + "</div>"
+    )
+    turns = agent.get("turns") or []
+    children = agent.get("children") or []
+    spawned_at = {}
+    for spawned in children:
+        for child in spawned:
+            if 0 <= child < len(agents):
+                spawned_at.setdefault(agents[child].get("spawn_turn"), []).append(child)
+    for number, turn in enumerate(turns, start=1):
+        parts.append(
+            f"<details open><summary>turn {number}: {e(str(turn.get('generated_tokens')))} tokens "
+            f"(granted {e(str(turn.get('granted_tokens')))}, {e(str(turn.get('finish_reason')))})</summary>"
+            f"<pre>{_text(turn.get('text'))}</pre>"
+        )
+        for child in spawned_at.get(number, []):
+            parts.append(_agent_html(agents, child))
+        parts.append("</details>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _episode_html(episode: Mapping[str, Any], label: str) -> str:
+    e = html.escape
+    agents = episode.get("agents") or []
+    head = (
+        f"{e(label)}: answer {_text(episode.get('final_answer'), 200)} &middot; generated {e(str(episode.get('generated_tokens')))}, "
+        f"total {e(str(episode.get('total_tokens')))}, critical {e(str(episode.get('critical_path_tokens')))}, "
+        f"clones {e(str(episode.get('num_clones')))}, protocol errors {len(episode.get('protocol_errors') or [])}"
+    )
+    body = _agent_html(agents, 0) if agents else ""
+    errors = episode.get("protocol_errors") or []
+    if errors:
+        body += "<pre>" + _text(json.dumps(errors, ensure_ascii=False), 1500) + "</pre>"
+    return f"<details><summary>{head}</summary>{body}</details>"
+
+
+def _record_html(record: Mapping[str, Any]) -> str:
+    e = html.escape
+    ok = float(record.get("correct") or 0.0) >= 1.0
+    extra = record.get("extra") or {}
+    head = (
+        f"<b>{e(str(record.get('method')))}</b> (budget {e(str(record.get('budget')))}): "
+        f'<span class="{"ok" if ok else "bad"}">{_text(record.get("answer"), 200)}</span> '
+        f'<span class="meta">score {e(str(record.get("correct")))} &middot; gen {_md_num(record.get("generated_tokens"))} '
+        f"&middot; total {_md_num(record.get('total_tokens'))} &middot; crit {_md_num(record.get('critical_path_tokens'))} "
+        f"&middot; clones {_md_num(record.get('clones'))}</span>"
+    )
+    body = []
+    if extra.get("votes") is not None:
+        body.append(
+            f'<div class="meta">votes: {_text(json.dumps(extra["votes"], ensure_ascii=False), 600)} (winner {e(str(extra.get("winner")))})</div>'
+        )
+    if extra.get("retrieved") is not None:
+        body.append(
+            f'<div class="meta">retrieved: {_text(", ".join(map(str, extra["retrieved"])), 600)}</div>'
+        )
+    episodes = record.get("episodes") or []
+    for i, episode in enumerate(episodes):
+        label = (
+            f"hop {i + 1}"
+            if extra.get("retrieved") is not None
+            else (f"sample {i + 1}" if len(episodes) > 1 else "episode")
+        )
+        body.append(_episode_html(episode, label))
+    return f"<details><summary>{head}</summary>{''.join(body)}</details>"
+
+
+def _records(path: Path, budget: int | None) -> Iterable[dict[str, Any]]:
+    """A cell's episode records at `budget` (all budgets when None), streamed."""
+    if not path.exists():
+        return
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                record = json.loads(line)
+                if budget is None or int(record.get("budget", -1)) == budget:
+                    yield record
+
+
+def _first_problem_ids(path: Path, budget: int | None, limit: int) -> list[str]:
+    ids: list[str] = []
+    for record in _records(path, budget):
+        if record.get("problem_id") not in ids:
+            ids.append(record.get("problem_id"))
+            if len(ids) >= limit:
+                break
+    return ids
+
+
+def traces_html(
+    sweep: Sweep,
+    *,
+    problems_per_benchmark: int,
+    settings: Mapping[str, Settings],
+    method_order: Sequence[str],
+) -> str:
+    """One self-contained HTML page (inline CSS, no script): a few problems per benchmark, every
+    method's episodes at the reference budget (or the largest one present) with the root/clone tree."""
+    e = html.escape
+    body = [
+        f"<h1>Traces of the budget sweep</h1><p class=meta>{problems_per_benchmark} problems per benchmark; "
+        "each method at the reference budget when it has one. All model text is escaped.</p>"
+    ]
+    rank = {m: i for i, m in enumerate(method_order)}
+    for name in sweep.benchmarks():
+        rows = sweep.for_benchmark(name)
+        budgets = sorted({int(r["budget"]) for r in rows})
+        reference_budget = settings[name.split("/", 1)[0]].reference_budget
+        budget = reference_budget if reference_budget in budgets else (budgets[-1] if budgets else None)
+        dataset, split = name.split("/", 1)
+        cells = sorted((k, v) for k, v in sweep.cell_dirs.items() if k[0] == dataset and k[1] == split)
+        order: list[str] = []
+        for _, directory in cells:
+            order = _first_problem_ids(directory / "episodes.jsonl.gz", budget, problems_per_benchmark)
+            if order:
+                break
+        wanted = set(order)
+        records = [
+            r
+            for _, directory in cells
+            for r in _records(directory / "episodes.jsonl.gz", budget)
+            if r.get("problem_id") in wanted
+        ]
+        body.append(f"<h2>{e(name)} (budget {e(str(budget))})</h2>")
+        if not order:
+            body.append("<p>No episode records.</p>")
+        for pid in order:
+            mine = sorted(
+                (r for r in records if r["problem_id"] == pid),
+                key=lambda r: (rank.get(r["method"], len(rank)), r["method"]),
+            )
+            first = mine[0]
+            body.append(f"<h3>{e(str(pid))}</h3><pre>{_text(first.get('question'))}</pre>")
+            body.append(
+                f'<div class="meta">gold: {_text(", ".join(map(str, first.get("golds") or [])), 500)}</div>'
+            )
+            body += [_record_html(r) for r in mine]
+    return (
+        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>selfcest traces</title>"
+        f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
+    )

@@ -1,0 +1,159 @@
+"""Stage eval_<dataset>@<checkpoint>-<split>: one cell of the budget sweep.
+
+A cell is one (checkpoint, split): it loads the checkpoint once and runs every method configured
+under `eval.models.<checkpoint>` at every budget of `eval.budgets.<dataset>` on the split. Outputs, in
+`artifacts/eval/<dataset>/<split>/<checkpoint>/`:
+
+  rows.json          one sweep row per (method, budget): accuracy with a bootstrap 95% interval
+                     (EM and F1 for QA), mean tokens (generated, with prompts, critical path),
+                     seconds per problem, clones per problem, protocol-error rate, n
+  episodes.jsonl.gz  one JSON line per (method, budget, problem) with every episode record
+                     (texts and counts, no per-token arrays), for the trace viewer
+
+A missing checkpoint directory does not fail the stage: rows.json then says `status: missing`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_STARTED = time.perf_counter()
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/evaluate.py` works too
+
+from stages.common import PARAMS_FILE, load_params, setup_logging, write_json  # noqa: E402
+
+log = logging.getLogger("evaluate")
+
+
+def split_path(params: dict[str, Any], dataset: str, split: str) -> Path:
+    """Where a split's records are: the data stages' JSONL files, or the math benchmark files."""
+    if dataset in ("arithmetic", "qa"):
+        return Path("data") / dataset / f"{split}.jsonl"
+    if dataset == "math":
+        return Path(params["eval"]["math_sources"][split]["path"])
+    raise ValueError(f"unknown dataset {dataset!r}")
+
+
+def for_dataset(value: Any, dataset: str) -> Any:
+    """A setting given once for every dataset, or as a mapping per dataset."""
+    return value.get(dataset) if isinstance(value, dict) else value
+
+
+def gzip_writer(path: Path) -> io.TextIOWrapper:
+    """A text writer to a gzip file with a fixed header (no name, mtime 0): same records, same bytes."""
+    raw = open(path, "wb")  # noqa: SIM115 - closed through the wrapper
+    return io.TextIOWrapper(gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", required=True, choices=["arithmetic", "qa", "math"])
+    parser.add_argument("--split", required=True)
+    parser.add_argument(
+        "--model", required=True, help="a key of eval.models (a directory in eval.checkpoint_dir)"
+    )
+    parser.add_argument("--params", type=Path, default=PARAMS_FILE)
+    parser.add_argument("--out", type=Path, help="default: artifacts/eval/<dataset>/<split>/<model>")
+    parser.add_argument("--max-problems", type=int, help="override eval.sweep.max_problems (smoke tests)")
+    args = parser.parse_args(argv)
+    setup_logging()
+    params = load_params(args.params)
+    eval_params = params["eval"]
+    sweep = eval_params["sweep"]
+    out = args.out or Path("artifacts/eval") / args.dataset / args.split / args.model
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = Path(eval_params.get("checkpoint_dir", "artifacts")) / args.model
+    meta = {"dataset": args.dataset, "split": args.split, "checkpoint": args.model}
+    method_params = eval_params["models"][args.model] or {}
+
+    from selfcest.evaluation import Evaluator, MethodSpec, evaluate_cell, load_problems
+
+    methods = [MethodSpec.from_params(name, values) for name, values in method_params.items()]
+    methods = [m for m in methods if m.applies_to(args.dataset)]
+    if not checkpoint.is_dir():
+        log.warning("checkpoint %s is missing: writing a `missing` cell", checkpoint)
+        write_json(
+            out / "rows.json", {**meta, "status": "missing", "methods": [m.name for m in methods], "rows": []}
+        )
+        with gzip_writer(out / "episodes.jsonl.gz"):
+            pass
+        return
+
+    threads = int(sweep.get("threads") or 0)
+    if threads:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    from selfcest.engine import TransformersEngine
+    from selfcest.evaluation import runtime_config_from_params
+    from selfcest.model import load_model
+    from selfcest.tokenizer import load_tokenizer
+
+    imported = time.perf_counter()
+    device = sweep.get("device") or "auto"
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = load_tokenizer(checkpoint)
+    model = load_model(checkpoint, device=device)
+    engine = TransformersEngine(model, tokenizer, max_batch_size=int(sweep.get("batch_size", 64)))
+    loaded = time.perf_counter()
+
+    seed = int(sweep.get("seed", params.get("seed", 0)))
+    source = eval_params.get("math_sources", {}).get(args.split, {}) if args.dataset == "math" else {}
+    problems = load_problems(
+        args.dataset,
+        split_path(params, args.dataset, args.split),
+        max_problems=args.max_problems
+        if args.max_problems is not None
+        else for_dataset(sweep.get("max_problems"), args.dataset),
+        seed=seed,
+    )
+    evaluator = Evaluator(
+        engine,
+        runtime_config_from_params(params.get("runtime")),
+        seed=seed,
+        avg_k=int(source.get("avg_k", 1)),
+        avg_temperature=float(sweep.get("avg_temperature", 0.6)),
+        avg_top_p=float(sweep.get("avg_top_p", 0.95)),
+    )
+    with gzip_writer(out / "episodes.jsonl.gz") as records:
+        rows = evaluate_cell(
+            evaluator,
+            methods,
+            problems,
+            sorted(int(b) for b in for_dataset(eval_params["budgets"], args.dataset)),
+            meta=meta,
+            resamples=int(sweep.get("bootstrap_resamples", 1000)),
+            bootstrap_seed=seed,
+            records_out=records,
+        )
+    finished = time.perf_counter()
+    timing = {
+        "import_seconds": round(imported - _STARTED, 2),
+        "load_seconds": round(loaded - imported, 2),
+        "run_seconds": round(finished - loaded, 2),
+        "threads": torch.get_num_threads(),
+        "device": device,
+        "engine_calls": engine.stats.calls,
+    }
+    write_json(
+        out / "rows.json",
+        {**meta, "status": "ok", "methods": [m.name for m in methods], "rows": rows, "timing": timing},
+    )
+    log.info("cell %s: %d rows, %s", json.dumps(meta), len(rows), timing)
+
+
+if __name__ == "__main__":
+    main()

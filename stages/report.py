@@ -1,0 +1,141 @@
+"""Stage report: the sweep's reports, computed from every eval cell under artifacts/eval.
+
+Outputs (in `reports/` unless `--out` says otherwise):
+
+  sweep.csv            one row per (benchmark, method, budget); DVC plots of accuracy vs each cost
+  metrics.json         per benchmark and method: accuracy at the reference budget and frontier area;
+                       per claim benchmark: 1/0 per checked claim (for `dvc metrics diff`)
+  pareto/<dataset>_<split>.png   static Pareto plots (matplotlib, Agg)
+  summary.md           tables, frontier ownership and the four claims, all computed
+  traces.html          a self-contained trace viewer (no scripts, no external files)
+
+Cells that are absent (a checkpoint not in eval.models, a `missing` checkpoint) are reported as
+missing; they never fail the stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/report.py` works too
+
+from stages.common import PARAMS_FILE, load_params, setup_logging, write_json  # noqa: E402
+
+log = logging.getLogger("report")
+
+
+def write_delegation_by_size(sweep: object, report: dict, path: Path) -> None:
+    """Delegation rate and clones per problem by problem size, before (prompted) and after RL."""
+    import csv
+    import gzip
+    import json
+
+    from selfcest.analysis import delegation_by_size
+
+    methods = report.get("delegation_methods") or ["prompted", "selfcest", "selfcest-nogate"]
+    records = []
+    for directory in sweep.cell_dirs.values():  # type: ignore[attr-defined]
+        episodes = directory / "episodes.jsonl.gz"
+        if episodes.exists():
+            with gzip.open(episodes, "rt", encoding="utf-8") as handle:
+                records.extend(json.loads(line) for line in handle)
+    rows = delegation_by_size(records, methods)
+    fields = [
+        "dataset",
+        "split",
+        "method",
+        "budget",
+        "size",
+        "n",
+        "delegation_rate",
+        "clones",
+        "accuracy",
+        "gen_tokens",
+    ]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=PARAMS_FILE)
+    parser.add_argument("--cells", type=Path, default=Path("artifacts/eval"))
+    parser.add_argument("--out", type=Path, default=Path("reports"))
+    args = parser.parse_args(argv)
+    setup_logging()
+
+    from selfcest import reports
+
+    eval_params = load_params(args.params)["eval"]
+    report = eval_params.get("report") or {}
+    method_order = list(
+        dict.fromkeys(m for methods in (eval_params.get("models") or {}).values() for m in (methods or {}))
+    )
+
+    sweep = reports.load_sweep(args.cells, reports.configured_cells(eval_params))
+    sweep.rows = reports.sort_rows(sweep.rows, method_order, reports.expected_benchmarks(eval_params))
+    splits = eval_params.get("splits") or {}
+    datasets = dict.fromkeys(
+        [*(d for d, names in splits.items() if names), *(r["dataset"] for r in sweep.rows)]
+    )
+    settings = {dataset: reports.settings_for(eval_params, dataset) for dataset in datasets}
+    claims = {
+        name: reports.check_claims(
+            sweep.for_benchmark(name),
+            roles=report.get("claim_methods") or {},
+            budgets=settings[name.split("/", 1)[0]].budgets,
+            reference_budget=settings[name.split("/", 1)[0]].reference_budget,
+            min_gain=float(report.get("claim_min_gain", 0.15)),
+        )
+        for name in report.get("claim_splits") or []
+    }
+
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    reports.write_sweep_csv(sweep.rows, out / "sweep.csv")
+    write_json(
+        out / "metrics.json",
+        reports.build_metrics(sweep, settings=settings, claims=claims),
+    )
+    plots = out / "pareto"
+    if plots.exists():
+        shutil.rmtree(plots)  # no stale plots of splits that left the sweep
+    plots.mkdir(parents=True)
+    for name in sweep.benchmarks():
+        reports.plot_benchmark(
+            sweep.for_benchmark(name), name, plots / f"{name.replace('/', '_')}.png", method_order
+        )
+    (out / "summary.md").write_text(
+        reports.summary_markdown(
+            sweep,
+            eval_params=eval_params,
+            settings=settings,
+            claims=claims,
+            method_order=method_order,
+        ),
+        encoding="utf-8",
+    )
+    (out / "traces.html").write_text(
+        reports.traces_html(
+            sweep,
+            problems_per_benchmark=int(report.get("trace_problems", 3)),
+            settings=settings,
+            method_order=method_order,
+        ),
+        encoding="utf-8",
+    )
+    write_delegation_by_size(sweep, report, out / "delegation_by_size.csv")
+    for name, items in claims.items():
+        for claim in items:
+            log.info("%s (%s): %s", name, claim.key, claim.status)
+    log.info("report: %d rows from %d cells -> %s", len(sweep.rows), len(sweep.cells), out)
+
+
+if __name__ == "__main__":
+    main()

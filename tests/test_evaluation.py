@@ -1,0 +1,485 @@
+"""Budget-sweep evaluation: metrics, voting, methods through the runtime, and the eval stage end to end."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from selfcest.data.arithmetic import build_arithmetic_splits, evaluate_expression
+from selfcest.data.qa import load_2wiki
+from selfcest.evaluation import (
+    BM25Ranker,
+    Evaluator,
+    MethodSpec,
+    Problem,
+    ProblemResult,
+    answer_key,
+    bootstrap_ci,
+    evaluate_cell,
+    load_problems,
+    majority_vote,
+    problem_from_record,
+    score_answer,
+    select_indices,
+    summarize,
+)
+from selfcest.prompts import CLONE_SYSTEM_PROMPT, THINKING_SYSTEM_PROMPT
+from selfcest.reports import method_applies
+from selfcest.runtime import RuntimeConfig
+from selfcest.scripted import ScriptedEngine
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO.parent / "shared" / "data" / "benchmarks"
+if not BENCH.exists():
+    BENCH = Path("/work/shared/data/benchmarks")
+WIKI = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
+MATH_HARD = BENCH / "math" / "math_hard_level5_test.jsonl"
+AIME24 = BENCH / "aime" / "aime24_test.jsonl"
+
+
+# --------------------------------------------------------------------------- real records
+def arithmetic_records(count: int = 6) -> list[dict[str, Any]]:
+    """Real records of the project's generator (its tiny profile, small tiers)."""
+    params = {
+        "seed": 5,
+        "test_fraction": 0.5,
+        "profile": "tiny",
+        "profiles": {
+            "tiny": {
+                "generator": {
+                    "operator_weights": {"+": 4, "-": 3, "*": 0},
+                    "operand_digits": [1, 2],
+                    "paren_local_prob": 0.0,
+                    "paren_max_pairs": 0,
+                    "paren_wide_prob": 0.0,
+                },
+                "tiers": {"easy": {"num_operators": [2, 4], "count": 2 * count}},
+                "ood": None,
+            }
+        },
+    }
+    return build_arithmetic_splits(params)["test"][:count]
+
+
+def wiki_records(count: int = 4) -> list[dict[str, Any]]:
+    return load_2wiki(str(WIKI)).records[:count]
+
+
+# --------------------------------------------------------------------------- metrics
+def test_bootstrap_ci_known_inputs() -> None:
+    assert bootstrap_ci([1.0] * 20, seed=1) == (1.0, 1.0)
+    assert bootstrap_ci([0.0] * 20, seed=1) == (0.0, 0.0)
+    assert bootstrap_ci([0.25], seed=1) == (0.25, 0.25)
+    low, high = bootstrap_ci([], seed=1)
+    assert math.isnan(low) and math.isnan(high)
+    values = [0.0, 1.0] * 50  # mean 0.5, standard error 0.05: a 95% interval of about +-0.1
+    low, high = bootstrap_ci(values, resamples=2000, seed=3)
+    assert 0.38 < low < 0.45 and 0.55 < high < 0.62
+    assert bootstrap_ci(values, resamples=2000, seed=3) == (low, high)  # seeded
+    assert bootstrap_ci(values, resamples=2000, seed=4) != (low, high)
+    assert bootstrap_ci(values, resamples=0) == (0.5, 0.5)
+
+
+def _result(
+    correct: float, gen: float, crit: float, f1: float | None = None, clones: float = 0.0
+) -> ProblemResult:
+    return ProblemResult("p", None, correct, f1, gen, gen + 10, crit, 0.5, clones, 0.0, [])
+
+
+def test_summarize_means_and_interval() -> None:
+    results = [
+        _result(1.0, 10, 5, clones=2),
+        _result(0.0, 30, 15),
+        _result(1.0, 20, 10, clones=1),
+        _result(1.0, 20, 10),
+    ]
+    row = summarize(results, seconds=2.0, resamples=500, seed=0)
+    assert row["n"] == 4
+    assert row["accuracy"] == 0.75
+    assert row["gen_tokens"] == 20 and row["total_tokens"] == 30 and row["critical_tokens"] == 10
+    assert row["seconds"] == 0.5 and row["clones"] == 0.75
+    assert 0.0 <= row["ci_low"] <= 0.75 <= row["ci_high"] <= 1.0
+    assert "f1" not in row
+    qa = summarize(
+        [_result(1.0, 1, 1, f1=1.0), _result(0.0, 1, 1, f1=0.5)], seconds=1.0, resamples=100, seed=0
+    )
+    assert qa["f1"] == 0.75 and qa["f1_ci_low"] <= 0.75 <= qa["f1_ci_high"]
+
+
+def test_majority_vote() -> None:
+    assert majority_vote([None, 3, 5, 3]) == 1
+    assert majority_vote([5, 3, 3, 5]) == 0  # tie: the answer seen first wins
+    assert majority_vote([None, 7, 2, 2, 7, 2]) == 2
+    assert majority_vote([None, None]) is None
+    assert majority_vote([]) is None
+
+
+def test_answer_keys_group_equivalent_answers() -> None:
+    assert answer_key("arithmetic", "the total is 42") == answer_key("arithmetic", "42") == 42
+    assert answer_key("arithmetic", "no idea") is None
+    assert answer_key("qa", "The Eiffel Tower.") == answer_key("qa", "eiffel tower")
+    assert answer_key("qa", None) is None and answer_key("qa", "the") is None
+    assert answer_key("math", None, r"so \boxed{ \frac{1}{2} }") == answer_key("math", r"\frac{1}{2}")
+    assert answer_key("math", "033") == answer_key("math", "33")
+
+
+def test_scoring_per_dataset() -> None:
+    assert score_answer(Problem("a", "arithmetic", "q", ["-11"]), "-11") == (1.0, None)
+    assert score_answer(Problem("a", "arithmetic", "q", ["-11"]), None) == (0.0, None)
+    em, f1 = score_answer(Problem("q", "qa", "q", ["20 March 851", "851"]), "20 march 851")
+    assert em == 1.0 and f1 == 1.0
+    em, f1 = score_answer(Problem("q", "qa", "q", ["20 March 851"]), "March 851")
+    assert em == 0.0 and 0.0 < f1 < 1.0
+    assert score_answer(Problem("m", "math", "q", [r"\frac{1}{2}"]), None, r"thus \boxed{0.5}")[0] == 1.0
+
+
+def test_select_indices_is_a_seeded_nested_subset() -> None:
+    assert select_indices(5, None, 0) == [0, 1, 2, 3, 4]
+    assert select_indices(5, 10, 0) == [0, 1, 2, 3, 4]
+    small, large = select_indices(100, 10, 7), select_indices(100, 20, 7)
+    assert small == sorted(small) and len(small) == 10 and set(small) <= set(large)
+    assert select_indices(100, 10, 7) == small and select_indices(100, 10, 8) != small
+
+
+def test_problems_from_every_source(tmp_path: Path) -> None:
+    [arith] = arithmetic_records(1)
+    problem = problem_from_record("arithmetic", arith)
+    assert problem.question == f"Calculate the value of {arith['expr']}." and problem.golds == [
+        arith["answer"]
+    ]
+    [wiki] = wiki_records(1)
+    problem = problem_from_record("qa", wiki)
+    assert (
+        list(problem.documents) == [p["key"] for p in wiki["paragraphs"]]
+        and problem.num_hops == wiki["num_hops"]
+    )
+    line = json.loads(MATH_HARD.read_text(encoding="utf-8").splitlines()[1])
+    problem = problem_from_record("math", line)
+    assert problem.golds == [r"-\frac{1}{8}"]
+    problems = load_problems("math", AIME24, max_problems=3, seed=0)
+    assert len(problems) == 3 and all(p.golds[0].isdigit() for p in problems)
+    with pytest.raises(ValueError):
+        problem_from_record("chess", {})
+
+
+def test_method_specs_from_params() -> None:
+    spec = MethodSpec.from_params("sc@4", {"mode": "monolithic", "samples": 4, "temperature": 0.7})
+    assert spec.samples == 4 and spec.applies_to("arithmetic")
+    with pytest.raises(ValueError):
+        MethodSpec.from_params("x", {"mode": "monolithic", "sample": 4})  # typo: unknown setting
+    with pytest.raises(ValueError):
+        MethodSpec.from_params("x", {"samples": 4})  # sampling needs a temperature
+    rag = MethodSpec.from_params("agentic-rag", {"mode": "rag"})
+    assert rag.applies_to("qa") and not rag.applies_to("arithmetic")
+    for values in ({"mode": "rag"}, {"mode": "monolithic"}, {"mode": "delegate", "datasets": ["math"]}):
+        for dataset in ("arithmetic", "qa", "math"):  # the report's copy of the rule agrees
+            assert method_applies(values, dataset) == MethodSpec.from_params("m", values).applies_to(dataset)
+
+
+def test_bm25_ranks_the_matching_paragraph_first() -> None:
+    ranker = BM25Ranker(
+        {"a": "Paris is the capital of France.", "b": "Zono was born in Lone.", "c": "Rivers flow."}
+    )
+    assert ranker.rank("Where was Zono born?")[0] == "b"
+    assert ranker.rank("Where was Zono born?", exclude=["b"])[0] != "b"
+    assert sorted(ranker.rank("qqqq zzzz")) == ["a", "b", "c"]  # no known word: every paragraph, in order
+    assert BM25Ranker({}).rank("anything") == []
+
+
+# --------------------------------------------------------------------------- methods through the runtime
+def _last_user(prompt: str) -> str:
+    return prompt.rsplit("<|im_start|>user\n", 1)[-1]
+
+
+def _solve(expr: str) -> str:
+    return f"Answer: {evaluate_expression(expr)}"
+
+
+def arithmetic_policy(prompt: str) -> str:
+    """Monolithic: solve. Root: two clones, each half of the terms, then add. Clone: solve."""
+    user = _last_user(prompt)
+    if CLONE_SYSTEM_PROMPT in prompt or "spawn_clone" not in prompt:
+        expr = re.search(r"Calculate the value of (.+?)\.", user).group(1)
+        prefix = "Check: ok.\n" if THINKING_SYSTEM_PROMPT in prompt else ""
+        return prefix + _solve(expr)
+    if "<tool_response>" in user:
+        partials = re.findall(r"turn\d+_clone\d+: (-?\d+)", user)
+        return f"Answer: {sum(int(v) for v in partials)}"
+    expr = re.search(r"Calculate the value of (.+?)\.", user).group(1)
+    terms = re.findall(r"[+-]?\d+", expr)
+    half = len(terms) // 2
+    parts = ["".join(terms[:half]), "".join(terms[half:])]
+    objectives = [{"task": f"Calculate the value of {p.lstrip('+')}.", "max_tokens": 24} for p in parts]
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": "spawn_clone", "arguments": {"objectives": objectives}})
+        + "\n</tool_call>"
+    )
+
+
+def test_methods_on_real_arithmetic_records(tiny_tokenizer) -> None:
+    problems = [problem_from_record("arithmetic", r) for r in arithmetic_records(5)]
+    engine = ScriptedEngine(tiny_tokenizer, arithmetic_policy)
+    evaluator = Evaluator(engine, RuntimeConfig(root_max_tokens=96, clone_max_tokens=48), seed=0)
+    base = MethodSpec("base")
+    thinking = MethodSpec("thinking", system_prompt="thinking")
+    sc = MethodSpec("sc@4", samples=4, temperature=0.7)
+    delegate = MethodSpec("selfcest", mode="delegate")
+    budget = 400
+    base_results, seconds = evaluator.run(base, problems, budget)
+    assert seconds > 0 and all(r.correct == 1.0 for r in base_results)
+    assert all(r.generated_tokens == r.critical_path_tokens <= budget for r in base_results)
+    think_results, _ = evaluator.run(thinking, problems, budget)
+    assert all(r.correct == 1.0 for r in think_results)
+    assert all(
+        t.generated_tokens > b.generated_tokens for t, b in zip(think_results, base_results, strict=True)
+    )
+    sc_results, _ = evaluator.run(sc, problems, budget)
+    for r in sc_results:
+        assert r.correct == 1.0 and len(r.episodes) == 4 and r.extra["winner"] == 0
+        assert (
+            r.generated_tokens == sum(e.generated_tokens for e in r.episodes) <= budget
+        )  # summed, within budget
+        assert r.critical_path_tokens == max(e.critical_path_tokens for e in r.episodes)  # parallel samples
+        assert all(e.budget == budget // 4 for e in r.episodes)  # the tree-wide budget is shared
+    del_results, _ = evaluator.run(delegate, problems, budget)
+    for r in del_results:
+        assert r.correct == 1.0 and r.clones == 2
+        assert r.critical_path_tokens < r.generated_tokens <= budget
+    # A budget too small for anything: nothing overruns, nothing is right, nothing crashes.
+    for spec in (base, sc, delegate):
+        tight, _ = evaluator.run(spec, problems, 3)
+        assert all(r.generated_tokens <= 3 and r.correct == 0.0 for r in tight)
+    tiny, _ = evaluator.run(sc, problems, 3)  # 3 // 4 = 0 tokens per sample: not even started
+    assert all(r.generated_tokens == 0 and r.extra.get("skipped") for r in tiny)
+
+
+def test_avg_at_k_averages_attempts(tiny_tokenizer) -> None:
+    calls = {"n": 0}
+
+    def flaky(prompt: str) -> str:  # right on every other attempt
+        calls["n"] += 1
+        return "Answer: 3" if calls["n"] % 2 else "Answer: 4"
+
+    problems = [Problem("m1", "arithmetic", "Calculate the value of 1+2.", ["3"])]
+    evaluator = Evaluator(ScriptedEngine(tiny_tokenizer, flaky), RuntimeConfig(), avg_k=4)
+    [result], _ = evaluator.run(MethodSpec("base"), problems, 64)
+    assert len(result.episodes) == 4 and result.correct == 0.5
+    assert result.generated_tokens == sum(e.generated_tokens for e in result.episodes) / 4
+
+
+def test_agentic_rag_on_real_2wiki_records(tiny_tokenizer) -> None:
+    records = wiki_records(4)
+    problems = [problem_from_record("qa", r) for r in records]
+    golds = {r["question"]: r["answers"][0] for r in records}
+    seen: list[str] = []
+
+    def reader(prompt: str) -> str:
+        user = _last_user(prompt)
+        seen.append(user)
+        question = next(q for q in golds if q in user)
+        return f"Answer: {golds[question]}"
+
+    evaluator = Evaluator(ScriptedEngine(tiny_tokenizer, reader), RuntimeConfig(), seed=0)
+    spec = MethodSpec("agentic-rag", mode="rag", top_k=2, max_hops=2)
+    results, _ = evaluator.run(spec, problems, 256)
+    for problem, result in zip(problems, results, strict=True):
+        hops = min(problem.num_hops, 2)
+        assert len(result.episodes) == hops and result.extra["hops"] == hops
+        assert len(result.extra["retrieved"]) == 2 * hops == len(set(result.extra["retrieved"]))
+        assert result.correct == 1.0 and result.f1 == 1.0
+        assert result.generated_tokens == result.critical_path_tokens <= 256  # hops run in sequence
+    # The reader only ever saw retrieved paragraphs, never the whole context.
+    assert all(user.count("\n[") + user.startswith("[") <= 4 for user in seen)
+    with pytest.raises(ValueError):
+        evaluator.run(spec, [Problem("a", "arithmetic", "q", ["1"])], 64)
+
+
+def test_evaluate_cell_rows_and_records(tiny_tokenizer) -> None:
+    problems = [problem_from_record("qa", r) for r in wiki_records(3)]
+    golds = {p.question: p.golds[0] for p in problems}
+
+    def policy(prompt: str) -> str:
+        user = _last_user(prompt)
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return "Answer: failed (not in my paragraphs)"
+        if "<tool_response>" in user:
+            return "Answer: <script>alert(1)</script>"
+        if "spawn_clone" in prompt:
+            return '<tool_call>\n{"name": "spawn_clone", "arguments": {"objectives": [{"task": "t", "context": ["nope"]}]}}\n</tool_call>'
+        return f"Answer: {next(g for q, g in golds.items() if q in user)}"
+
+    import io
+
+    out = io.StringIO()
+    methods = [MethodSpec("base"), MethodSpec("prompted", mode="delegate")]
+    rows = evaluate_cell(
+        Evaluator(ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig()),
+        methods,
+        problems,
+        [64, 128],
+        meta={"dataset": "qa", "split": "dev", "checkpoint": "scripted"},
+        resamples=200,
+        records_out=out,
+    )
+    assert [(r["method"], r["budget"]) for r in rows] == [
+        ("base", 64),
+        ("base", 128),
+        ("prompted", 64),
+        ("prompted", 128),
+    ]
+    base, prompted = rows[1], rows[3]
+    assert base["accuracy"] == 1.0 and base["f1"] == 1.0 and base["n"] == 3
+    assert (
+        prompted["accuracy"] == 0.0 and prompted["protocol_error_rate"] == 1.0 and prompted["clones"] == 1.0
+    )
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(records) == 4 * 3
+    assert all("token_ids" not in agent for r in records for e in r["episodes"] for agent in e["agents"])
+    assert {r["checkpoint"] for r in records} == {"scripted"}
+
+
+# --------------------------------------------------------------------------- the stage, on the tiny model
+def _stage_params(tmp_path: Path, checkpoint: Path) -> Path:
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    params["eval"]["checkpoint_dir"] = str(checkpoint.parent)
+    params["eval"]["models"] = {
+        checkpoint.name: {
+            "base": {"mode": "monolithic"},
+            "sc@2": {"mode": "monolithic", "samples": 2, "temperature": 0.7},
+            "selfcest": {"mode": "delegate"},
+            "agentic-rag": {"mode": "rag", "top_k": 2},
+        },
+        "absent_model": {"noclone-grpo": {"mode": "monolithic"}},
+    }
+    params["eval"]["budgets"] = {"arithmetic": [8, 16], "qa": [8, 16]}
+    params["eval"]["sweep"].update(max_problems=3, bootstrap_resamples=50)
+    params["eval"]["splits"] = {"arithmetic": ["test"], "qa": ["dev"], "math": []}
+    params["eval"]["report"]["reference_budget"] = 16
+    params["eval"]["report"]["claim_splits"] = ["arithmetic/test"]
+    params["seed"] = 0
+    params["eval"]["sweep"]["seed"] = 0
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_eval_and_report_stages_on_the_tiny_model(tiny_checkpoint: Path, tmp_path: Path, monkeypatch) -> None:
+    from stages import evaluate, report
+
+    monkeypatch.chdir(tmp_path)
+    params = _stage_params(tmp_path, tiny_checkpoint)
+    for dataset, split, records in (
+        ("arithmetic", "test", arithmetic_records(4)),
+        ("qa", "dev", wiki_records(4)),
+    ):
+        (tmp_path / "data" / dataset).mkdir(parents=True)
+        (tmp_path / "data" / dataset / f"{split}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in records), encoding="utf-8"
+        )
+        evaluate.main(
+            ["--params", str(params), "--dataset", dataset, "--split", split, "--model", tiny_checkpoint.name]
+        )
+        cell = tmp_path / "artifacts" / "eval" / dataset / split / tiny_checkpoint.name
+        payload = json.loads((cell / "rows.json").read_text())
+        methods = ["base", "sc@2", "selfcest"] + (["agentic-rag"] if dataset == "qa" else [])
+        assert payload["status"] == "ok" and payload["methods"] == methods
+        assert [(r["method"], r["budget"]) for r in payload["rows"]] == [
+            (m, b) for m in methods for b in (8, 16)
+        ]
+        for row in payload["rows"]:
+            assert row["n"] == 3 and 0.0 <= row["ci_low"] <= row["accuracy"] <= row["ci_high"] <= 1.0
+            assert row["gen_tokens"] <= row["budget"] and row["critical_tokens"] <= row["gen_tokens"]
+            assert row["total_tokens"] > row["gen_tokens"] and ("f1" in row) == (dataset == "qa")
+        with gzip.open(cell / "episodes.jsonl.gz", "rt") as handle:
+            assert sum(1 for _ in handle) == len(payload["rows"]) * 3
+        timing = payload["timing"]
+        assert timing["import_seconds"] >= 0 and timing["run_seconds"] > 0
+    # A checkpoint that does not exist yet gives a `missing` cell instead of failing.
+    evaluate.main(
+        ["--params", str(params), "--dataset", "arithmetic", "--split", "test", "--model", "absent_model"]
+    )
+    missing = json.loads((tmp_path / "artifacts/eval/arithmetic/test/absent_model/rows.json").read_text())
+    assert missing["status"] == "missing" and missing["rows"] == []
+
+    report.main(["--params", str(params)])
+    out = tmp_path / "reports"
+    header = (out / "sweep.csv").read_text().splitlines()[0].split(",")
+    assert {
+        "dataset",
+        "split",
+        "method",
+        "budget",
+        "n",
+        "accuracy",
+        "ci_low",
+        "ci_high",
+        "gen_tokens",
+        "total_tokens",
+        "critical_tokens",
+        "seconds",
+        "clones",
+    } <= set(header)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["benchmarks"]) == {"arithmetic/test", "qa/dev"}
+    assert (out / "pareto" / "arithmetic_test.png").stat().st_size > 0
+    summary = (out / "summary.md").read_text()
+    assert "`noclone-grpo`" in summary and "Missing" in summary
+    assert "<script" not in (out / "traces.html").read_text().lower()
+
+
+def test_params_and_dvc_yaml_agree() -> None:
+    """The eval section parses, and dvc.yaml's eval stages only name params and columns that exist."""
+    from selfcest.reports import COLUMNS
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))["eval"]
+    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))
+    methods = {
+        name: MethodSpec.from_params(name, values)
+        for per_checkpoint in params["models"].values()
+        for name, values in per_checkpoint.items()
+    }
+    roles = params["report"]["claim_methods"]
+    assert {roles["selfcest"], roles["base"], roles["prompted"], *roles["rivals"]} <= set(methods)
+    for dataset in ("arithmetic", "qa", "math"):
+        stage = dvc["stages"][f"eval_{dataset}"]
+        assert (
+            f"eval.budgets.{dataset}" in stage["params"] and params["budgets"][dataset]
+        )  # DVC needs the key
+        assert stage["matrix"]["split"] == f"${{eval.splits.{dataset}}}"
+        assert f"artifacts/eval/{dataset}/${{item.split}}/${{item.model}}" in stage["outs"]
+    for split in params["splits"]["math"]:
+        assert split in params["math_sources"]
+    for benchmark in params["report"]["claim_splits"]:
+        dataset, split = benchmark.split("/")
+        assert split in params["splits"][dataset]
+    plots = {name: spec for entry in dvc["plots"] for name, spec in entry.items()}
+    assert {spec["x"] for spec in plots.values()} == {"gen_tokens", "total_tokens", "critical_tokens"}
+    assert all(spec["y"] == {"reports/sweep.csv": "accuracy"} for spec in plots.values())
+    assert {spec["x"] for spec in plots.values()} <= set(COLUMNS)
+    assert all((REPO / spec["template"]).exists() for spec in plots.values())
+
+
+def test_runs_are_deterministic_on_the_tiny_model(tiny_model, tiny_tokenizer) -> None:
+    """Greedy methods are deterministic, and seeded sampling (sc@k) repeats itself too."""
+    from selfcest.engine import TransformersEngine
+
+    problems = [problem_from_record("arithmetic", r) for r in arithmetic_records(3)]
+
+    def run(spec: MethodSpec) -> list[tuple[Any, ...]]:
+        evaluator = Evaluator(TransformersEngine(tiny_model, tiny_tokenizer), RuntimeConfig(), seed=3)
+        results, _ = evaluator.run(spec, problems, 24)
+        return [
+            (r.answer, r.generated_tokens, r.total_tokens, r.critical_path_tokens, r.extra.get("votes"))
+            for r in results
+        ]
+
+    for spec in (MethodSpec("base"), MethodSpec("sc@2", samples=2, temperature=1.0)):
+        assert run(spec) == run(spec)

@@ -1,0 +1,125 @@
+"""Tokenizer, tiny model, build_model stage and the `selfcest solve` CLI, all offline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from selfcest.cli import main as cli_main
+from selfcest.model import load_model
+from selfcest.prompts import SPAWN_CLONE_TOOL, root_messages
+from selfcest.tokenizer import IM_END, load_tokenizer
+
+
+def test_tokenizer_round_trips_and_splits_digits(tiny_tokenizer) -> None:
+    for text in ["Calculate the value of 12+7-3.", "Answer: -1234567", "Ünïcödé ✓ 日本", '{"task": "x"}']:
+        ids = tiny_tokenizer.encode(text, add_special_tokens=False)
+        assert tiny_tokenizer.decode(ids) == text
+    pieces = tiny_tokenizer.tokenize("98765")
+    assert [tiny_tokenizer.convert_tokens_to_string([p]) for p in pieces] == list("98765")
+    assert tiny_tokenizer.eos_token == IM_END
+    assert tiny_tokenizer.pad_token_id != tiny_tokenizer.eos_token_id
+
+
+def test_chat_template_renders_hermes_tools_and_marks_assistant_tokens(tiny_tokenizer) -> None:
+    call = (
+        '<tool_call>\n{"name": "spawn_clone", "arguments": {"objectives": [{"task": "1+2"}]}}\n</tool_call>'
+    )
+    messages = [
+        *root_messages("Calculate the value of 1+2."),
+        {"role": "assistant", "content": call},
+        {"role": "tool", "content": "turn1_clone0: 3"},
+        {"role": "assistant", "content": "Answer: 3"},
+    ]
+    text = tiny_tokenizer.apply_chat_template(messages, tools=[SPAWN_CLONE_TOOL], tokenize=False)
+    assert "<tools>\n" + json.dumps(SPAWN_CLONE_TOOL) + "\n</tools>" in text
+    assert "<|im_start|>user\n<tool_response>\nturn1_clone0: 3\n</tool_response><|im_end|>" in text
+    out = tiny_tokenizer.apply_chat_template(
+        messages, tools=[SPAWN_CLONE_TOOL], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    trained = tiny_tokenizer.decode(
+        [i for i, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m]
+    )
+    assert trained == call + "<|im_end|>" + "Answer: 3<|im_end|>"
+    # tool tags survive skip_special_tokens (the parser reads decoded text)
+    ids = tiny_tokenizer.encode(call, add_special_tokens=False)
+    assert "<tool_call>" in tiny_tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_model_saves_and_loads_offline(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    model = load_model(tiny_checkpoint, dtype=torch.float32)
+    assert model.config.model_type == "qwen3"
+    model.save_pretrained(tmp_path / "copy")
+    again = load_model(tmp_path / "copy", dtype=torch.float32)
+    x = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(model(input_ids=x).logits, again(input_ids=x).logits)
+    assert (tmp_path / "copy" / "model.safetensors").exists()
+
+
+def test_build_model_stage(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "\n".join(json.dumps({"prompt": f"Calculate the value of {i}+{i * 3}."}) for i in range(50))
+    )
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "seed: 1\ntokenizer: {vocab_size: 400, min_frequency: 2, corpus_files: [" + str(corpus) + "]}\n"
+        "model: {init_from: null, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2,"
+        " num_key_value_heads: 1, head_dim: 16, max_position_embeddings: 256, rope_theta: 10000.0, tie_word_embeddings: true}\n"
+    )
+    out, report = tmp_path / "model", tmp_path / "report.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "stages.build_model",
+        "--params",
+        str(params),
+        "--out",
+        str(out),
+        "--report",
+        str(report),
+    ]
+    subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1], capture_output=True)
+    first = json.loads(report.read_text())
+    assert first["vocab_size"] <= 420 and first["parameters"] > 0
+    tokenizer = load_tokenizer(out)
+    assert (
+        tokenizer.decode(tokenizer.encode("Calculate the value of 3+9.", add_special_tokens=False))
+        == "Calculate the value of 3+9."
+    )
+    weights = (out / "model.safetensors").read_bytes()
+    subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1], capture_output=True)
+    assert (out / "model.safetensors").read_bytes() == weights  # same seed, same weights
+    assert json.loads(report.read_text()) == first
+
+
+def test_cli_solve_prints_answer_tokens_and_tree(tiny_checkpoint: Path, capsys) -> None:
+    assert (
+        cli_main(
+            [
+                "solve",
+                "--model",
+                str(tiny_checkpoint),
+                "--budget",
+                "40",
+                "--root-max-tokens",
+                "20",
+                "Calculate the value of 1+2.",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert out.startswith("answer: ")
+    assert "generated=" in out and "critical_path=" in out and "budget=40" in out
+    assert "root [" in out
+    assert (
+        cli_main(["solve", "--model", str(tiny_checkpoint), "--json", "--no-tools", "--budget", "8", "hi"])
+        == 0
+    )
+    record = json.loads(capsys.readouterr().out)
+    assert record["mode"] == "monolithic" and record["generated_tokens"] <= 8

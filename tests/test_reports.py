@@ -1,0 +1,447 @@
+"""Reports: frontiers and areas on hand-made points, the four claims, and the report stage on synthetic cells."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from selfcest.reports import (
+    FAILS,
+    HOLDS,
+    NOT_CHECKED,
+    check_claims,
+    claim_beats_base,
+    claim_beats_prompted,
+    claim_critical_path,
+    claim_frontier,
+    combined_frontier,
+    frontier,
+    frontier_auc,
+    frontier_value,
+    load_sweep,
+    missing_methods,
+    settings_for,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+BUDGETS = [100, 200, 400]
+
+
+def row(
+    method: str, budget: int, accuracy: float, gen: float, crit: float | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "dataset": "arithmetic",
+        "split": "ood",
+        "benchmark": "arithmetic/ood",
+        "checkpoint": f"{method}_ckpt",
+        "method": method,
+        "budget": budget,
+        "n": 50,
+        "accuracy": accuracy,
+        "ci_low": max(0.0, accuracy - 0.1),
+        "ci_high": min(1.0, accuracy + 0.1),
+        "gen_tokens": gen,
+        "total_tokens": gen + 60,
+        "critical_tokens": gen if crit is None else crit,
+        "seconds": 0.01,
+        "latency_seconds": 0.5,
+        "clones": 0.0,
+        "protocol_error_rate": 0.0,
+        **extra,
+    }
+
+
+# --------------------------------------------------------------------------- frontiers
+def test_frontier_keeps_only_points_better_than_every_cheaper_one() -> None:
+    points = [(10, 0.2), (20, 0.1), (30, 0.5), (30, 0.4), (40, 0.5), (50, 0.7), (5, 0.0)]
+    assert frontier(points) == [(5, 0.0), (10, 0.2), (30, 0.5), (50, 0.7)]
+    assert frontier([]) == []
+    assert frontier([(10, float("nan")), (20, 0.3)]) == [(20, 0.3)]
+
+
+def test_frontier_value_is_the_best_accuracy_within_a_cost() -> None:
+    points = [(10, 0.2), (30, 0.5), (20, 0.1)]
+    assert frontier_value(points, 5) == 0.0
+    assert frontier_value(points, 10) == 0.2
+    assert frontier_value(points, 29.9) == 0.2
+    assert frontier_value(points, 30) == 0.5
+    assert frontier_value(points, 1e9) == 0.5
+
+
+def test_frontier_auc_on_hand_made_points() -> None:
+    assert frontier_auc([(0, 1.0)], 100) == 1.0
+    assert frontier_auc([(50, 0.5)], 100) == pytest.approx(0.25)
+    assert frontier_auc([(25, 0.4), (50, 0.8)], 100) == pytest.approx((25 * 0.4 + 50 * 0.8) / 100)
+    assert frontier_auc([(25, 0.4), (50, 0.3)], 100) == pytest.approx(
+        0.75 * 0.4
+    )  # a worse, dearer point adds nothing
+    assert frontier_auc([(150, 1.0)], 100) == 0.0  # beyond the range
+    assert frontier_auc([], 100) == 0.0
+    with pytest.raises(ValueError):
+        frontier_auc([(1, 1.0)], 0)
+
+
+def test_combined_frontier_names_the_owner_and_its_margin() -> None:
+    rows = [
+        row("base", 100, 0.2, 80),
+        row("base", 200, 0.3, 150),
+        row("selfcest", 100, 0.5, 90),
+        row("selfcest", 200, 0.6, 190),
+    ]
+    segments = combined_frontier(rows)
+    assert [(s["method"], s["budget"]) for s in segments] == [
+        ("base", 100),
+        ("selfcest", 100),
+        ("selfcest", 200),
+    ]
+    assert segments[0]["margin"] == pytest.approx(0.2) and segments[0]["to"] == 90
+    assert segments[1]["runner_up"] == "base" and segments[1]["margin"] == pytest.approx(0.3)
+    assert segments[2]["to"] is None and segments[2]["margin"] == pytest.approx(0.3)
+
+
+# --------------------------------------------------------------------------- claims
+def strong_sweep() -> list[dict[str, Any]]:
+    """A sweep in which every claim holds."""
+    return [
+        row("base", 100, 0.30, 95, 95),
+        row("base", 200, 0.50, 180, 180),
+        row("base", 400, 0.55, 300, 300),
+        row("selfcest", 100, 0.40, 90, 50),
+        row("selfcest", 200, 0.70, 170, 80),
+        row("selfcest", 400, 0.80, 260, 110),
+        row("prompted", 100, 0.30, 95, 60),
+        row("prompted", 200, 0.50, 190, 90),
+        row("prompted", 400, 0.60, 350, 120),
+        row("thinking", 100, 0.10, 100),
+        row("thinking", 200, 0.40, 200),
+        row("thinking", 400, 0.60, 390),
+        row("sc@4", 100, 0.05, 100, 25),
+        row("sc@4", 200, 0.35, 200, 50),
+        row("sc@4", 400, 0.60, 400, 100),
+        row("noclone-grpo", 100, 0.35, 90),
+        row("noclone-grpo", 200, 0.55, 170),
+        row("noclone-grpo", 400, 0.65, 280),
+    ]
+
+
+ROLES = {
+    "selfcest": "selfcest",
+    "base": "base",
+    "prompted": "prompted",
+    "rivals": ["sc@4", "thinking", "noclone-grpo"],
+}
+
+
+def test_every_claim_holds_on_a_strong_sweep() -> None:
+    claims = check_claims(strong_sweep(), roles=ROLES, budgets=BUDGETS, reference_budget=200, min_gain=0.15)
+    assert [c.key for c in claims] == ["a", "b", "c", "d"]
+    assert [c.status for c in claims] == [HOLDS] * 4, [c.detail for c in claims]
+    assert "+25.0 pts at budget 400" in claims[0].detail
+
+
+def test_each_claim_fails_on_its_own_counterexample() -> None:
+    rows = strong_sweep()
+    # (a): the largest gap is 14 points.
+    weak = [dict(r, accuracy=r["accuracy"] - 0.11) if r["method"] == "selfcest" else r for r in rows]
+    assert claim_beats_base(weak, "selfcest", "base", 0.15).status == FAILS
+    # (b): a rival is better at one budget (noclone-grpo at 100 tokens).
+    rival = rows + [row("noclone-grpo", 100, 0.45, 85)]
+    rival = [
+        r
+        for r in rival
+        if not (r["method"] == "noclone-grpo" and r["budget"] == 100 and r["accuracy"] == 0.35)
+    ]
+    claim = claim_frontier(rival, "selfcest", ROLES["rivals"], BUDGETS)
+    assert claim.status == FAILS and "noclone-grpo at 100" in claim.detail
+
+    # (c): selfcest has 70% with 170 tokens at the reference budget 200.
+    def prompted_at_200(accuracy: float, gen: float) -> list[dict[str, Any]]:
+        return [
+            dict(r, accuracy=accuracy, gen_tokens=gen)
+            if r["method"] == "prompted" and r["budget"] == 200
+            else r
+            for r in rows
+        ]
+
+    assert (
+        claim_beats_prompted(prompted_at_200(0.80, 300), "selfcest", "prompted", 200).status == FAILS
+    )  # less accurate
+    assert (
+        claim_beats_prompted(prompted_at_200(0.70, 160), "selfcest", "prompted", 200).status == FAILS
+    )  # tie, dearer
+    assert (
+        claim_beats_prompted(prompted_at_200(0.70, 170), "selfcest", "prompted", 200).status == FAILS
+    )  # a full tie
+    assert (
+        claim_beats_prompted(prompted_at_200(0.70, 175), "selfcest", "prompted", 200).status == HOLDS
+    )  # tie, cheaper
+    # (d): selfcest reaches base's best accuracy only with a longer critical path.
+    slow = [
+        dict(r, critical_tokens=r["critical_tokens"] + 400) if r["method"] == "selfcest" else r for r in rows
+    ]
+    assert claim_critical_path(slow, "selfcest", "base").status == FAILS
+    never = [dict(r, accuracy=0.5) if r["method"] == "selfcest" else r for r in rows]
+    assert claim_critical_path(never, "selfcest", "base").status == FAILS
+
+
+def test_claims_with_missing_methods_are_not_checked() -> None:
+    rows = [r for r in strong_sweep() if r["method"] != "selfcest"]
+    assert {c.status for c in check_claims(rows, roles=ROLES, budgets=BUDGETS, reference_budget=200)} == {
+        NOT_CHECKED
+    }
+    some_rivals = [r for r in strong_sweep() if r["method"] not in ("sc@4", "thinking")]
+    claim = claim_frontier(some_rivals, "selfcest", ROLES["rivals"], BUDGETS)
+    assert claim.status == NOT_CHECKED and "missing" in claim.detail and "sc@4" in claim.detail
+    beaten = [dict(r, accuracy=0.9) if r["method"] == "noclone-grpo" else r for r in some_rivals]
+    assert (
+        claim_frontier(beaten, "selfcest", ROLES["rivals"], BUDGETS).status == FAILS
+    )  # decided despite a gap
+    zero_base = [dict(r, accuracy=0.0) if r["method"] == "base" else r for r in strong_sweep()]
+    assert claim_critical_path(zero_base, "selfcest", "base").status == NOT_CHECKED
+    assert claim_beats_prompted(strong_sweep(), "selfcest", "prompted", 300).status == NOT_CHECKED
+
+
+def test_settings_per_dataset() -> None:
+    params = {
+        "budgets": {"arithmetic": [400, 100, 200], "qa": [64]},
+        "report": {"reference_budget": {"qa": 64}},
+    }
+    arithmetic, qa = settings_for(params, "arithmetic"), settings_for(params, "qa")
+    assert (
+        arithmetic.budgets == [100, 200, 400]
+        and arithmetic.reference_budget == 200
+        and arithmetic.auc_max_tokens == 400
+    )
+    assert qa.reference_budget == 64 and qa.auc_max_tokens == 64
+    flat = settings_for({"budgets": [8, 16], "report": {"reference_budget": 8, "auc_max_tokens": 32}}, "math")
+    assert flat.budgets == [8, 16] and flat.reference_budget == 8 and flat.auc_max_tokens == 32
+
+
+# --------------------------------------------------------------------------- the report stage on synthetic cells
+HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
+
+
+def _episode(answer: str, text: str) -> dict[str, Any]:
+    clone = {
+        "agent_id": "root/turn1_clone0",
+        "role": "clone",
+        "depth": 1,
+        "parent_id": "root",
+        "spawn_turn": 1,
+        "task": f"Calculate {HOSTILE}",
+        "context_keys": ["k<b>1</b>"],
+        "requested_max_tokens": 24,
+        "max_tokens": 24,
+        "turns": [
+            {
+                "text": f"Answer: {HOSTILE}",
+                "generated_tokens": 5,
+                "granted_tokens": 24,
+                "finish_reason": "stop",
+            }
+        ],
+        "prompt_tokens": 30,
+        "generated_tokens": 5,
+        "critical_path_tokens": 5,
+        "answer": HOSTILE,
+        "status": "ok",
+        "failure": None,
+        "children": [],
+    }
+    root = {
+        "agent_id": "root",
+        "role": "root",
+        "depth": 0,
+        "parent_id": None,
+        "spawn_turn": None,
+        "task": "q",
+        "context_keys": [],
+        "requested_max_tokens": None,
+        "max_tokens": 200,
+        "turns": [
+            {
+                "text": "<tool_call>{}</tool_call>",
+                "generated_tokens": 9,
+                "granted_tokens": 160,
+                "finish_reason": "stop",
+            },
+            {"text": text, "generated_tokens": 4, "granted_tokens": 160, "finish_reason": "stop"},
+        ],
+        "prompt_tokens": 50,
+        "generated_tokens": 13,
+        "critical_path_tokens": 18,
+        "answer": answer,
+        "status": "ok",
+        "failure": None,
+        "children": [[1]],
+    }
+    return {
+        "task_id": "p",
+        "sample_index": 0,
+        "mode": "delegate",
+        "budget": 200,
+        "agents": [root, clone],
+        "final_answer": answer,
+        "final_text": text,
+        "generated_tokens": 18,
+        "total_tokens": 98,
+        "critical_path_tokens": 18,
+        "wall_seconds": 0.1,
+        "num_tool_calls": 1,
+        "num_clones": 1,
+        "repairs": 0,
+        "protocol_errors": [{"agent": "root", "kind": "bad_json", "detail": HOSTILE}],
+        "budget_exhausted": False,
+        "metadata": {},
+    }
+
+
+def write_cell(
+    root: Path, dataset: str, split: str, checkpoint: str, rows: list[dict[str, Any]], *, status: str = "ok"
+) -> None:
+    cell = root / dataset / split / checkpoint
+    cell.mkdir(parents=True)
+    payload = {
+        "dataset": dataset,
+        "split": split,
+        "checkpoint": checkpoint,
+        "status": status,
+        "methods": sorted({r["method"] for r in rows}),
+        "rows": [{k: v for k, v in r.items() if k != "benchmark"} for r in rows],
+    }
+    (cell / "rows.json").write_text(json.dumps(payload), encoding="utf-8")
+    with gzip.open(cell / "episodes.jsonl.gz", "wt", encoding="utf-8") as handle:
+        for r in rows:
+            for i in range(4):
+                record = {
+                    "dataset": dataset,
+                    "split": split,
+                    "checkpoint": checkpoint,
+                    "method": r["method"],
+                    "budget": r["budget"],
+                    "problem_id": f"{split}-{i}",
+                    "question": f"Question {i} {HOSTILE}",
+                    "golds": ["7"],
+                    "answer": HOSTILE,
+                    "correct": 0.0,
+                    "f1": None,
+                    "generated_tokens": 18.0,
+                    "total_tokens": 98.0,
+                    "critical_path_tokens": 18.0,
+                    "latency_seconds": 0.1,
+                    "clones": 1.0,
+                    "protocol_error_rate": 1.0,
+                    "extra": {"votes": [HOSTILE, None], "winner": 0},
+                    "episodes": [_episode(HOSTILE, f"Answer: {HOSTILE}")],
+                }
+                handle.write(json.dumps(record) + "\n")
+
+
+def _params(tmp_path: Path) -> Path:
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    params["eval"]["budgets"] = {"arithmetic": BUDGETS, "qa": BUDGETS}
+    params["eval"]["report"].update(
+        reference_budget=200, claim_splits=["arithmetic/ood", "qa/test"], trace_problems=2
+    )
+    params["eval"]["report"]["claim_methods"]["rivals"] = ["sc@4", "thinking", "noclone-grpo"]
+    params["eval"]["splits"] = {"arithmetic": ["ood"], "qa": ["test"], "math": []}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
+    from stages import report
+
+    cells = tmp_path / "cells"
+    rows = strong_sweep()
+    by_checkpoint: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:  # noclone-grpo's checkpoint is absent: its cells are missing
+        if r["method"] != "noclone-grpo":
+            by_checkpoint.setdefault(
+                "selfcest_model" if r["method"] == "selfcest" else "warmup_model", []
+            ).append(r)
+    for checkpoint, cell_rows in by_checkpoint.items():
+        write_cell(cells, "arithmetic", "ood", checkpoint, cell_rows)
+    write_cell(cells, "arithmetic", "ood", "noclone_model", [], status="missing")
+    qa_rows = [
+        dict(r, dataset="qa", split="test", benchmark="qa/test", f1=r["accuracy"])
+        for r in rows
+        if r["method"] == "base"
+    ]
+    write_cell(cells, "qa", "test", "warmup_model", qa_rows)
+    write_cell(
+        cells, "qa", "test", "retired_model", [dict(r, method="retired") for r in qa_rows]
+    )  # left the matrix
+    out = tmp_path / "reports"
+    report.main(["--params", str(_params(tmp_path)), "--cells", str(cells), "--out", str(out)])
+
+    with (out / "sweep.csv").open(newline="") as handle:
+        table = list(csv.DictReader(handle))
+    assert {
+        "dataset",
+        "split",
+        "method",
+        "budget",
+        "n",
+        "accuracy",
+        "ci_low",
+        "ci_high",
+        "gen_tokens",
+        "total_tokens",
+        "critical_tokens",
+        "seconds",
+        "clones",
+    } <= set(table[0])
+    assert len(table) == len(rows) - 3 + len(qa_rows)  # no noclone-grpo, no stale `retired` cell
+    assert (
+        table[0]["dataset"] == "arithmetic" and table[0]["method"] == "base" and table[0]["budget"] == "100"
+    )
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics) == {"benchmarks", "claims"}
+    arith = metrics["benchmarks"]["arithmetic/ood"]
+    assert arith["reference_budget"] == 200 and arith["methods"]["selfcest"]["accuracy"] == 0.7
+    assert 0.0 < arith["methods"]["base"]["auc"] < arith["methods"]["selfcest"]["auc"] < 1.0
+    assert metrics["claims"]["arithmetic/ood"] == {"a": 1, "c": 1, "d": 1}  # (b): noclone-grpo is missing
+    assert metrics["claims"]["qa/test"] == {}  # nothing to check without selfcest
+
+    for name in ("arithmetic_ood", "qa_test"):
+        png = out / "pareto" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    summary = (out / "summary.md").read_text()
+    missing_line = next(line for line in summary.splitlines() if line.startswith("- `arithmetic/ood`:"))
+    assert "`noclone-grpo` (checkpoint `noclone_model` not found)" in missing_line  # missing, not a crash
+    assert "`selfcest`" not in missing_line
+    assert (
+        "(a) selfcest beats base by >= 15 accuracy points at a matched budget | HOLDS | NOT CHECKED |"
+        in summary
+    )
+    assert "at every budget tested | NOT CHECKED | NOT CHECKED |" in summary
+    assert "`selfcest` (budget 400) at 80.0%" in summary
+
+    page = (out / "traces.html").read_text()
+    assert "<script" not in page.lower() and "<img" not in page.lower()
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert "root/turn1_clone0" in page and "k&lt;b&gt;1&lt;/b&gt;" in page and "max_tokens=24" in page
+    assert page.count("<h3>") == 2 * 2  # two problems for each of the two benchmarks
+    assert "http" not in page.replace("http-equiv", "")  # self-contained: nothing fetched
+
+
+def test_missing_methods_from_params() -> None:
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))["eval"]
+    sweep = load_sweep(Path("/nonexistent"))
+    assert sweep.rows == [] and sweep.cells == []
+    missing = missing_methods(sweep, params)
+    assert "agentic-rag" in missing["qa/test"] and "agentic-rag" not in missing["arithmetic/ood"]
+    assert {"base", "selfcest", "selfcest-nogate", "noclone-grpo", "prompted"} <= set(
+        missing["arithmetic/ood"]
+    )
