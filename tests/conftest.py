@@ -58,3 +58,10 @@ def tiny_model(tiny_checkpoint: Path):
     from selfcest.model import load_model
 
     return load_model(tiny_checkpoint)
+
+
+# Property tests explore the same examples on every run, so CI results are reproducible.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("deterministic", derandomize=True, print_blob=True)
+_hypothesis_settings.load_profile("deterministic")

@@ -26,8 +26,8 @@ def last_user(prompt: str) -> str:
 
 
 def sum_of(text: str) -> int:
-    expr = re.search(r"(-?\d+(?:[+-]\d+)*)", text).group(1)
-    return sum(int(t) for t in re.findall(r"[+-]?\d+", expr))
+    match = re.search(r"(-?\d+(?:[+-]\d+)*)", text)  # a truncated spawn can hand a clone garbage
+    return sum(int(t) for t in re.findall(r"[+-]?\d+", match.group(1))) if match else 0
 
 
 def splitting_policy(prompt: str) -> str:
@@ -127,7 +127,7 @@ def test_adversarial_policy_cannot_break_any_limit(tiny_tokenizer, max_depth: in
             assert len(spawned) <= config.max_clones_per_call * config.max_calls_per_turn
         if agent.role == "clone":
             assert agent.max_tokens <= config.clone_max_tokens
-            assert agent.requested_max_tokens in (None, 10**9, 10**12)
+            assert agent.requested_max_tokens is None or agent.requested_max_tokens > agent.max_tokens
             assert agent.context_keys == []
     kinds = {e["kind"] for e in episode.protocol_errors}
     assert {"too_many_calls", "too_many_clones", "unknown_context_key", "turn_limit"} <= kinds
