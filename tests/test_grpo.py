@@ -18,8 +18,6 @@ from selfcest.grpo import ROLE_CLONE, ROLE_PAD, ROLE_ROOT
 from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward, length_penalty
 from selfcest.runtime import AgentRecord, Episode
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 
 def clone(status: str, generated: int = 10, answer: str | None = "1") -> AgentRecord:
     agent = AgentRecord("root/turn1_clone0", "clone", 1, "root", 1, "t", [], None, 16)
