@@ -5,6 +5,7 @@ Params are read with OmegaConf rather than PyYAML because PyYAML parses `3e-05` 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -37,8 +38,6 @@ def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
 
 
 def file_sha256(path: Path | str) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

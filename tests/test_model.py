@@ -25,6 +25,22 @@ def test_tokenizer_round_trips_and_splits_digits(tiny_tokenizer) -> None:
     assert tiny_tokenizer.pad_token_id != tiny_tokenizer.eos_token_id
 
 
+def test_tokenizer_writes_names_with_shared_two_letter_pieces() -> None:
+    """Even when a name is frequent enough to be merged, it stays its syllables (copyable pieces)."""
+    from selfcest.tokenizer import train_tokenizer
+
+    corpus = ["Tolo works for Barivi. Rasumu lives in Tolo. In which city is Tolo based?"] * 200
+    tokenizer = train_tokenizer(corpus, vocab_size=400)
+    pieces = [tokenizer.convert_tokens_to_string([p]) for p in tokenizer.tokenize("Rasumu met Tolo")]
+    assert pieces[:3] == ["Ra", "su", "mu"] and pieces[-2:] == ["To", "lo"]
+    # lower-case boilerplate still merges across spaces
+    assert " works for " in [
+        tokenizer.convert_tokens_to_string([p]) for p in tokenizer.tokenize("Tolo works for Barivi")
+    ]
+    for text in ["Independently Tolomira went", "Barivi."]:
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
 def test_chat_template_renders_hermes_tools_and_marks_assistant_tokens(tiny_tokenizer) -> None:
     call = (
         '<tool_call>\n{"name": "spawn_clone", "arguments": {"objectives": [{"task": "1+2"}]}}\n</tool_call>'

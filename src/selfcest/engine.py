@@ -7,7 +7,6 @@ generated together (that is what makes clones cheap), in micro-batches bounded b
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -16,8 +15,6 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
 from selfcest.tokenizer import stop_token_ids
-
-log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length"]
 

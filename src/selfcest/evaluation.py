@@ -37,22 +37,10 @@ from typing import Any, Literal
 import numpy as np
 
 from selfcest.engine import GenerationEngine, SamplingConfig
-from selfcest.prompts import (
-    ANSWER_MARKER,
-    THINKING_SYSTEM_PROMPT,
-    qa_monolithic_question,
-    qa_root_question,
-)
+from selfcest.prompts import ANSWER_MARKER, THINKING_SYSTEM_PROMPT, qa_monolithic_question
 from selfcest.runtime import Episode, Runtime, RuntimeConfig, Task
-from selfcest.scoring import (
-    last_boxed,
-    math_equivalent,
-    normalize_answer,
-    parse_last_integer,
-    qa_exact_match,
-    qa_f1,
-    score_arithmetic,
-)
+from selfcest.scoring import last_boxed, math_equivalent, normalize_answer, parse_last_integer
+from selfcest.tasks import qa_task, score_final_answer
 
 log = logging.getLogger(__name__)
 
@@ -190,10 +178,8 @@ def episode_answer_text(episode: Episode) -> str:
 
 def score_answer(problem: Problem, answer: str | None, text: str = "") -> tuple[float, float | None]:
     """(correctness in {0, 1}, QA token F1 or None). `answer` is the text after the final `Answer:`."""
-    if problem.dataset == "arithmetic":
-        return score_arithmetic(f"{ANSWER_MARKER} {answer}" if answer else "", int(problem.golds[0])), None
-    if problem.dataset == "qa":
-        return qa_exact_match(answer, problem.golds), qa_f1(answer, problem.golds)
+    if problem.dataset in ("arithmetic", "qa"):
+        return score_final_answer(problem.dataset, answer, problem.golds)
     return float(
         math_equivalent(text or (f"{ANSWER_MARKER} {answer}" if answer else ""), problem.golds[0])
     ), None
@@ -394,10 +380,12 @@ class Evaluator:
     @staticmethod
     def task_for(problem: Problem, mode: Mode) -> Task:
         if problem.dataset == "qa":
-            if mode == "delegate":
-                question = qa_root_question(problem.question, list(problem.documents))
-                return Task(problem.id, question, documents=dict(problem.documents))
-            return Task(problem.id, qa_monolithic_question(problem.question, problem.documents))
+            return qa_task(
+                problem.id,
+                problem.question,
+                problem.documents,
+                "delegate" if mode == "delegate" else "monolithic",
+            )
         return Task(problem.id, problem.question)
 
     # ------------------------------------------------------------------ one (method, budget)

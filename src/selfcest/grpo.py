@@ -23,7 +23,6 @@ training loop. This module adds what SELFCEST needs on top:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -36,8 +35,6 @@ from selfcest.engine import GenerationEngine, SamplingConfig, TransformersEngine
 from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward
 from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task
 from selfcest.tasks import score_episode
-
-log = logging.getLogger(__name__)
 
 ROLE_ROOT, ROLE_CLONE, ROLE_PAD = 0, 1, 2
 

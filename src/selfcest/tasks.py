@@ -1,23 +1,46 @@
-"""Turning dataset records into runtime `Task`s, and scoring an episode against its record."""
+"""Turning dataset records into runtime `Task`s, and scoring a final answer against the golds.
+
+Shared by GRPO training (`task_from_record`, `score_episode`) and the budget-sweep evaluation
+(`qa_task`, `score_final_answer`), so that training and evaluation pose and score a problem the
+same way.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from selfcest.prompts import arithmetic_question, qa_monolithic_question, qa_root_question
+from selfcest.prompts import ANSWER_MARKER, arithmetic_question, qa_monolithic_question, qa_root_question
 from selfcest.runtime import Episode, Task
 from selfcest.scoring import qa_exact_match, qa_f1, score_arithmetic
 
 View = Literal["delegate", "monolithic"]
 
 
-def task_from_record(record: Mapping[str, Any], view: View) -> Task:
-    """An arithmetic record (`expr`) or a unified QA record (`paragraphs`) as the root should see it.
+def qa_task(
+    task_id: str,
+    question: str,
+    documents: Mapping[str, str],
+    view: View,
+    metadata: Mapping[str, Any] | None = None,
+) -> Task:
+    """Multi-hop QA as the root sees it.
 
-    Delegating roots see QA paragraph keys only and hand texts to clones by key; monolithic
+    Delegating roots see the paragraph keys only and hand texts to clones by key; monolithic
     readers see every paragraph in their prompt.
     """
+    if view == "delegate":
+        return Task(
+            task_id,
+            qa_root_question(question, list(documents)),
+            documents=dict(documents),
+            metadata=dict(metadata or {}),
+        )
+    return Task(task_id, qa_monolithic_question(question, documents), metadata=dict(metadata or {}))
+
+
+def task_from_record(record: Mapping[str, Any], view: View) -> Task:
+    """An arithmetic record (`expr`) or a unified QA record (`paragraphs`) as a runtime task."""
     if "expr" in record:
         return Task(
             id=str(record["id"]),
@@ -29,28 +52,28 @@ def task_from_record(record: Mapping[str, Any], view: View) -> Task:
             },
         )
     documents = {p["key"]: p["text"] for p in record["paragraphs"]}
-    question = (
-        qa_root_question(record["question"], list(documents))
-        if view == "delegate"
-        else qa_monolithic_question(record["question"], documents)
-    )
-    return Task(
-        id=str(record["id"]),
-        question=question,
-        documents=documents if view == "delegate" else {},
-        metadata={"kind": "qa", "answers": list(record["answers"]), "size": int(record.get("num_hops", 0))},
-    )
+    metadata = {"kind": "qa", "answers": list(record["answers"]), "size": int(record.get("num_hops", 0))}
+    return qa_task(str(record["id"]), record["question"], documents, view, metadata)
+
+
+def score_final_answer(kind: str, answer: str | None, golds: Sequence[str]) -> tuple[float, float | None]:
+    """(correctness in {0, 1}, QA token F1 or None) of the text after the final `Answer:`.
+
+    Arithmetic: exact integer match with the first gold. QA: SQuAD exact match and F1 over aliases.
+    """
+    if kind == "arithmetic":
+        return (score_arithmetic(f"{ANSWER_MARKER} {answer}", int(golds[0])) if answer else 0.0), None
+    if kind == "qa":
+        if not answer:
+            return 0.0, 0.0
+        return qa_exact_match(answer, golds), qa_f1(answer, golds)
+    raise ValueError(f"unknown task kind {kind!r} (expected arithmetic or qa)")
 
 
 def score_episode(episode: Episode, metadata: Mapping[str, Any]) -> dict[str, float]:
     """Accuracy of the root's final answer: exact integer match, or QA exact match and F1."""
     if metadata["kind"] == "arithmetic":
-        accuracy = (
-            score_arithmetic(f"Answer: {episode.final_answer}", int(metadata["answer"]))
-            if episode.final_answer
-            else 0.0
-        )
+        accuracy, _ = score_final_answer("arithmetic", episode.final_answer, [metadata["answer"]])
         return {"accuracy": accuracy}
-    answer = episode.final_answer or ""
-    exact = qa_exact_match(answer, metadata["answers"]) if answer else 0.0
-    return {"accuracy": exact, "em": exact, "f1": qa_f1(answer, metadata["answers"]) if answer else 0.0}
+    exact, f1 = score_final_answer("qa", episode.final_answer, metadata["answers"])
+    return {"accuracy": exact, "em": exact, "f1": float(f1 or 0.0)}

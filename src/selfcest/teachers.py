@@ -42,10 +42,18 @@ class TeacherConfig:
 
     direct_root_fraction: float = 0.3
     """Share of root conversations that solve directly without delegating."""
+    thinking_fraction: float = 1.0
+    """Share of arithmetic problems that also get a thinking-mode (solve, then check) conversation.
+
+    The thinking baseline only needs the style; its conversations are the longest arithmetic ones,
+    so a fraction keeps warm-up steps for the skills every method shares."""
     chunk_sizes: tuple[int, ...] = (2, 3, 4, 5)
     """Terms per clone when a root delegates arithmetic; a size >= the problem is needless delegation."""
     tokens_per_step: int = 10
     """Rough clone cost per `a+b=c` line, used to pick budgets (tight: x1, generous: x2)."""
+    max_root_combine: int = 3
+    """Most partial results a delegating root adds up itself; with more, it hands groups of them to
+    clones in another turn (a reduction tree), so no context ever holds a long sum."""
     qa_extra_keys_fraction: float = 0.2
     """Share of QA hops that hand the clone a needless extra paragraph."""
     qa_mono_distractors: tuple[int, int] = (1, 5)
@@ -114,17 +122,20 @@ def arithmetic_conversations(expr: str, rng: random.Random, config: TeacherConfi
             ],
             tools=False,
             kind="arith_mono",
-        ),
-        conversation(
-            [
-                {"role": "system", "content": THINKING_SYSTEM_PROMPT},
-                {"role": "user", "content": question},
-                {"role": "assistant", "content": thinking_text(terms)},
-            ],
-            tools=False,
-            kind="arith_thinking",
-        ),
+        )
     ]
+    if rng.random() < config.thinking_fraction:
+        out.append(
+            conversation(
+                [
+                    {"role": "system", "content": THINKING_SYSTEM_PROMPT},
+                    {"role": "user", "content": question},
+                    {"role": "assistant", "content": thinking_text(terms)},
+                ],
+                tools=False,
+                kind="arith_thinking",
+            )
+        )
     # Clone side: a random contiguous chunk, with its sign, as a clone would receive it.
     start = rng.randrange(len(terms))
     chunk = terms[start : start + rng.choice(config.chunk_sizes)]
@@ -155,20 +166,29 @@ def arithmetic_root_conversation(
         messages.append({"role": "assistant", "content": solve_text(terms)})
         return conversation(messages, tools=True, kind="arith_root_direct")
     size = rng.choice(config.chunk_sizes)
-    chunks = [terms[i : i + size] for i in range(0, len(terms), size)]
     generous = rng.random() < 0.5
-    objectives = []
-    for chunk in chunks:
-        need = len(chunk) * config.tokens_per_step
-        objectives.append(
-            {"task": arithmetic_question(format_terms(chunk)), "max_tokens": need * (2 if generous else 1)}
+    operands = list(terms)
+    turn = 0
+    # Turn 1 hands chunks of the problem to clones; while more partial results come back than the
+    # root adds up itself, the next turn hands groups of them to clones again.
+    while turn == 0 or len(operands) > config.max_root_combine:
+        turn += 1
+        chunks = [operands[i : i + size] for i in range(0, len(operands), size)]
+        objectives = []
+        for chunk in chunks:
+            need = len(chunk) * config.tokens_per_step
+            objectives.append(
+                {"task": arithmetic_question(format_terms(chunk)), "max_tokens": need * (2 if generous else 1)}
+            )
+        messages.append({"role": "assistant", "content": spawn_call(objectives)})
+        operands = [sum(chunk) for chunk in chunks]
+        messages.append(
+            {
+                "role": "tool",
+                "content": "\n".join(f"turn{turn}_clone{i}: {p}" for i, p in enumerate(operands)),
+            }
         )
-    messages.append({"role": "assistant", "content": spawn_call(objectives)})
-    partials = [sum(chunk) for chunk in chunks]
-    messages.append(
-        {"role": "tool", "content": "\n".join(f"turn1_clone{i}: {p}" for i, p in enumerate(partials))}
-    )
-    messages.append({"role": "assistant", "content": solve_text(partials)})
+    messages.append({"role": "assistant", "content": solve_text(operands)})
     return conversation(messages, tools=True, kind="arith_root_delegate")
 
 

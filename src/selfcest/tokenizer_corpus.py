@@ -9,6 +9,8 @@ import json
 import random
 from collections.abc import Iterator
 
+from transformers.utils.chat_template_utils import render_jinja_template
+
 from selfcest.prompts import (
     CLONE_SYSTEM_PROMPT,
     MONOLITHIC_SYSTEM_PROMPT,
@@ -18,23 +20,28 @@ from selfcest.prompts import (
 )
 from selfcest.tokenizer import CHAT_TEMPLATE
 
-TOOLS_PREAMBLE = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-)
+SYSTEM_PROMPTS = (ROOT_SYSTEM_PROMPT, CLONE_SYSTEM_PROMPT, MONOLITHIC_SYSTEM_PROMPT, THINKING_SYSTEM_PROMPT)
+
+
+def rendered_system_turns() -> list[str]:
+    """Every system turn exactly as the chat template renders it, with and without the tool schema.
+
+    Rendered from `CHAT_TEMPLATE` itself so that the tokenizer's merges follow the template text.
+    """
+    turns = []
+    for prompt in SYSTEM_PROMPTS:
+        for tools in (None, [SPAWN_CLONE_TOOL]):
+            rendered, _ = render_jinja_template(
+                [[{"role": "system", "content": prompt}]], tools=tools, chat_template=CHAT_TEMPLATE
+            )
+            turns.append(rendered[0])
+    return turns
 
 
 def protocol_corpus(*, seed: int, repeats: int = 200) -> Iterator[str]:
     """Texts that every conversation contains, repeated so that BPE merges them into few tokens."""
     rng = random.Random(seed)
-    fixed = [
-        ROOT_SYSTEM_PROMPT,
-        CLONE_SYSTEM_PROMPT,
-        MONOLITHIC_SYSTEM_PROMPT,
-        THINKING_SYSTEM_PROMPT,
-        TOOLS_PREAMBLE + json.dumps(SPAWN_CLONE_TOOL) + "\n</tools>",
-        CHAT_TEMPLATE,
-    ]
+    fixed = [*SYSTEM_PROMPTS, *rendered_system_turns(), CHAT_TEMPLATE]
     for _ in range(repeats):
         yield from fixed
         objectives = [

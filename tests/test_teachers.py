@@ -1,0 +1,91 @@
+"""Warm-up teachers: every conversation they write is correct, parseable and varied."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import Counter
+
+from selfcest.data.arithmetic import evaluate_expression
+from selfcest.data.qa import SyntheticSplitConfig, synthetic_record
+from selfcest.protocol import extract_answer, parse_tool_calls
+from selfcest.teachers import (
+    TeacherConfig,
+    arithmetic_root_conversation,
+    build_warmup_conversations,
+    parse_terms,
+)
+
+_TASK = re.compile(r"^Calculate the value of (.+)\.$")
+_RESPONSE = re.compile(r"^turn(\d+)_clone(\d+): (.+)$")
+
+
+def _replay_arithmetic_root(messages: list[dict[str, str]]) -> tuple[int, list[int]]:
+    """Check every spawned task against its tool response; return (final answer, clones per turn)."""
+    clones_per_turn = []
+    turns = [m for m in messages if m["role"] in ("assistant", "tool")]
+    for index, message in enumerate(turns):
+        if message["role"] != "assistant" or index == len(turns) - 1:
+            continue
+        parsed = parse_tool_calls(message["content"], max_calls=2, max_objectives=8)
+        assert not parsed.errors and len(parsed.calls) == 1
+        tasks = [_TASK.match(o.task).group(1) for o in parsed.calls[0].objectives]
+        responses = [_RESPONSE.match(line).groups() for line in turns[index + 1]["content"].splitlines()]
+        assert [int(r[1]) for r in responses] == list(range(len(tasks)))
+        assert {int(r[0]) for r in responses} == {len(clones_per_turn) + 1}
+        for task, response in zip(tasks, responses, strict=True):
+            assert int(response[2]) == evaluate_expression(task)
+        clones_per_turn.append(len(tasks))
+    return int(extract_answer(turns[-1]["content"])), clones_per_turn
+
+
+def test_arithmetic_roots_are_correct_and_reduce_long_sums_through_clones() -> None:
+    rng = random.Random(0)
+    config = TeacherConfig(direct_root_fraction=0.0, chunk_sizes=(2, 3), max_root_combine=3)
+    seen_turns = Counter()
+    for _ in range(200):
+        terms = [rng.choice([-1, 1]) * rng.randint(0, 9) for _ in range(rng.randint(2, 12))]
+        conversation = arithmetic_root_conversation(terms, rng, config)
+        answer, clones_per_turn = _replay_arithmetic_root(conversation["messages"])
+        assert answer == sum(terms)
+        # the root's own closing sum never has more terms than it may combine
+        closing = conversation["messages"][-1]["content"].splitlines()
+        assert len(closing) - 1 <= config.max_root_combine - 1
+        seen_turns[len(clones_per_turn)] += 1
+    assert seen_turns[1] and seen_turns[2]  # short problems in one turn, long ones in a tree
+
+
+def test_warmup_mix_is_seeded_varied_and_parseable() -> None:
+    rng = random.Random(1)
+    arithmetic = [
+        {"expr": "+".join(str(rng.randint(0, 9)) for _ in range(rng.randint(2, 8)))} for _ in range(60)
+    ]
+    qa = [synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=i) for i in range(10)]
+    config = TeacherConfig(thinking_fraction=0.5)
+    first = build_warmup_conversations(arithmetic, qa, seed=3, config=config)
+    again = build_warmup_conversations(arithmetic, qa, seed=3, config=config)
+    assert json.dumps(first) == json.dumps(again)
+    kinds = Counter(c["kind"] for c in first)
+    assert kinds["arith_mono"] == 60 and 15 <= kinds["arith_thinking"] <= 45
+    assert kinds["arith_root_direct"] and kinds["arith_root_delegate"] and kinds["qa_root"] == 10
+    for conversation in first:
+        last = conversation["messages"][-1]
+        assert last["role"] == "assistant" and extract_answer(last["content"]) is not None
+        if conversation["kind"] == "arith_mono":
+            expr = _TASK.match(conversation["messages"][1]["content"]).group(1)
+            assert int(extract_answer(last["content"])) == sum(parse_terms(expr))
+
+
+def test_qa_root_hands_each_hop_the_paragraph_that_answers_it() -> None:
+    rng = random.Random(2)
+    for index in range(20):
+        record = synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=index)
+        [root] = [c for c in build_warmup_conversations([], [record], seed=index) if c["kind"] == "qa_root"]
+        calls = [m for m in root["messages"] if m["role"] == "assistant"][:-1]
+        assert len(calls) == len(record["hops"])
+        for call, hop in zip(calls, record["hops"], strict=True):
+            parsed = parse_tool_calls(call["content"], max_calls=1, max_objectives=1)
+            [objective] = parsed.calls[0].objectives
+            assert objective.task == hop["question"] and objective.context[0] == hop["paragraph_key"]
+        assert extract_answer(root["messages"][-1]["content"]) == record["answers"][0]
