@@ -67,6 +67,16 @@ def conversation(messages: list[Message], *, tools: bool, kind: str) -> dict[str
 
 
 # ---------------------------------------------------------------------------- arithmetic
+def _solo(system_prompt: str, question: str, answer: str, kind: str) -> dict[str, Any]:
+    """A one-turn conversation without tools: system prompt, question, the teacher's answer."""
+    messages = [
+        {"role": "system", "content": system_prompt},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": answer},
+    ]
+    return conversation(messages, tools=False, kind=kind)
+
+
 def parse_terms(expr: str) -> list[int]:
     """Signed terms of a `+`/`-` expression: "12+7-3" -> [12, 7, -3]."""
     terms = [int(t) for t in _TERM.findall(expr)]
@@ -113,42 +123,14 @@ def arithmetic_conversations(expr: str, rng: random.Random, config: TeacherConfi
     """Monolithic, thinking, clone-side and root-side conversations for one training problem."""
     terms = parse_terms(expr)
     question = arithmetic_question(expr)
-    out = [
-        conversation(
-            [
-                {"role": "system", "content": MONOLITHIC_SYSTEM_PROMPT},
-                {"role": "user", "content": question},
-                {"role": "assistant", "content": solve_text(terms)},
-            ],
-            tools=False,
-            kind="arith_mono",
-        )
-    ]
+    out = [_solo(MONOLITHIC_SYSTEM_PROMPT, question, solve_text(terms), "arith_mono")]
     if rng.random() < config.thinking_fraction:
-        out.append(
-            conversation(
-                [
-                    {"role": "system", "content": THINKING_SYSTEM_PROMPT},
-                    {"role": "user", "content": question},
-                    {"role": "assistant", "content": thinking_text(terms)},
-                ],
-                tools=False,
-                kind="arith_thinking",
-            )
-        )
+        out.append(_solo(THINKING_SYSTEM_PROMPT, question, thinking_text(terms), "arith_thinking"))
     # Clone side: a random contiguous chunk, with its sign, as a clone would receive it.
     start = rng.randrange(len(terms))
     chunk = terms[start : start + rng.choice(config.chunk_sizes)]
     out.append(
-        conversation(
-            [
-                {"role": "system", "content": CLONE_SYSTEM_PROMPT},
-                {"role": "user", "content": arithmetic_question(format_terms(chunk))},
-                {"role": "assistant", "content": solve_text(chunk)},
-            ],
-            tools=False,
-            kind="arith_clone",
-        )
+        _solo(CLONE_SYSTEM_PROMPT, arithmetic_question(format_terms(chunk)), solve_text(chunk), "arith_clone")
     )
     out.append(arithmetic_root_conversation(terms, rng, config))
     return out
@@ -178,7 +160,10 @@ def arithmetic_root_conversation(
         for chunk in chunks:
             need = len(chunk) * config.tokens_per_step
             objectives.append(
-                {"task": arithmetic_question(format_terms(chunk)), "max_tokens": need * (2 if generous else 1)}
+                {
+                    "task": arithmetic_question(format_terms(chunk)),
+                    "max_tokens": need * (2 if generous else 1),
+                }
             )
         messages.append({"role": "assistant", "content": spawn_call(objectives)})
         operands = [sum(chunk) for chunk in chunks]
@@ -261,29 +246,18 @@ def qa_conversations(
     documents = {k: paragraphs[k]["text"] for k in keys}
     facts = [_fact_sentence(paragraphs[h["paragraph_key"]]["text"], h["answer"]) for h in hops]
     out.append(
-        conversation(
-            [
-                {"role": "system", "content": MONOLITHIC_SYSTEM_PROMPT},
-                {"role": "user", "content": qa_monolithic_question(record["question"], documents)},
-                {"role": "assistant", "content": "\n".join([*facts, f"Answer: {answer}"])},
-            ],
-            tools=False,
-            kind="qa_mono",
+        _solo(
+            MONOLITHIC_SYSTEM_PROMPT,
+            qa_monolithic_question(record["question"], documents),
+            "\n".join([*facts, f"Answer: {answer}"]),
+            "qa_mono",
         )
     )
     return out
 
 
 def _qa_clone(task: str, documents: Mapping[str, str], reply: str) -> dict[str, Any]:
-    return conversation(
-        [
-            {"role": "system", "content": CLONE_SYSTEM_PROMPT},
-            {"role": "user", "content": clone_user_message(task, documents)},
-            {"role": "assistant", "content": reply},
-        ],
-        tools=False,
-        kind="qa_clone",
-    )
+    return _solo(CLONE_SYSTEM_PROMPT, clone_user_message(task, documents), reply, "qa_clone")
 
 
 def build_warmup_conversations(
