@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from expectations import REQUIRED_SWEEP_COLUMNS
 
 from selfcest.reports import (
     FAILS,
@@ -385,21 +386,7 @@ def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
 
     with (out / "sweep.csv").open(newline="") as handle:
         table = list(csv.DictReader(handle))
-    assert {
-        "dataset",
-        "split",
-        "method",
-        "budget",
-        "n",
-        "accuracy",
-        "ci_low",
-        "ci_high",
-        "gen_tokens",
-        "total_tokens",
-        "critical_tokens",
-        "seconds",
-        "clones",
-    } <= set(table[0])
+    assert set(table[0]) >= REQUIRED_SWEEP_COLUMNS
     assert len(table) == len(rows) - 3 + len(qa_rows)  # no noclone-grpo, no stale `retired` cell
     assert (
         table[0]["dataset"] == "arithmetic" and table[0]["method"] == "base" and table[0]["budget"] == "100"
