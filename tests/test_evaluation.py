@@ -470,3 +470,48 @@ def test_runs_are_deterministic_on_the_tiny_model(tiny_model, tiny_tokenizer) ->
 
     for spec in (MethodSpec("base"), MethodSpec("sc@2", samples=2, temperature=1.0)):
         assert run(spec) == run(spec)
+
+
+def test_combined_costs_state_each_methods_rule() -> None:
+    """sc@k samples run in parallel (tokens add, the critical path and latency are the slowest
+    sample's); RAG hops run in series (everything adds); avg@k attempts average."""
+    from selfcest.evaluation import combined_costs
+    from selfcest.runtime import Episode
+
+    def episode(gen: int, critical: int, seconds: float, clones: int, errors: int) -> Episode:
+        return Episode(
+            "p",
+            0,
+            "delegate",
+            512,
+            [],
+            generated_tokens=gen,
+            total_tokens=gen + 100,
+            critical_path_tokens=critical,
+            wall_seconds=seconds,
+            num_clones=clones,
+            protocol_errors=[{"kind": "x"}] * errors,
+        )
+
+    group = [episode(40, 30, 1.0, 2, 0), episode(60, 50, 3.0, 0, 1)]
+    parallel, serial, mean = (combined_costs(group, rule) for rule in ("parallel", "serial", "mean"))
+    assert parallel == {
+        "generated_tokens": 100,
+        "total_tokens": 300,
+        "critical_path_tokens": 50,
+        "latency_seconds": 3.0,
+        "clones": 2,
+        "protocol_error_rate": 0.5,
+    }
+    assert serial["critical_path_tokens"] == 80 and serial["latency_seconds"] == 4.0
+    assert serial["generated_tokens"] == 100
+    assert mean == {
+        "generated_tokens": 50,
+        "total_tokens": 150,
+        "critical_path_tokens": 40,
+        "latency_seconds": 2.0,
+        "clones": 1,
+        "protocol_error_rate": 0.5,
+    }
+    with pytest.raises(ValueError):
+        combined_costs([], "mean")

@@ -426,7 +426,7 @@ class Evaluator:
         return results
 
     def _vote(self, problem: Problem, group: list[Episode]) -> ProblemResult:
-        """sc@k: the majority answer; samples run in parallel, so tokens add up and the critical path is the max."""
+        """sc@k: the majority answer, with the costs of parallel samples."""
         texts = [episode_answer_text(e) for e in group]
         keys = [answer_key(problem.dataset, e.final_answer, t) for e, t in zip(group, texts, strict=True)]
         winner = majority_vote(keys)
@@ -437,12 +437,7 @@ class Evaluator:
             answer,
             correct,
             f1,
-            generated_tokens=sum(e.generated_tokens for e in group),
-            total_tokens=sum(e.total_tokens for e in group),
-            critical_path_tokens=max(e.critical_path_tokens for e in group),
-            latency_seconds=max(e.wall_seconds for e in group),
-            clones=sum(e.num_clones for e in group),
-            protocol_error_rate=_error_rate(group),
+            **combined_costs(group, "parallel"),
             episodes=group,
             extra={"votes": [None if key is None else str(key) for key in keys], "winner": winner},
         )
@@ -457,12 +452,7 @@ class Evaluator:
             group[0].final_answer,
             sum(c for c, _ in scores) / k,
             sum(f1s) / len(f1s) if f1s else None,
-            generated_tokens=sum(e.generated_tokens for e in group) / k,
-            total_tokens=sum(e.total_tokens for e in group) / k,
-            critical_path_tokens=sum(e.critical_path_tokens for e in group) / k,
-            latency_seconds=sum(e.wall_seconds for e in group) / k,
-            clones=sum(e.num_clones for e in group) / k,
-            protocol_error_rate=_error_rate(group),
+            **combined_costs(group, "mean"),
             episodes=group,
             extra={"attempts": [None if e.final_answer is None else e.final_answer for e in group]}
             if k > 1
@@ -521,12 +511,7 @@ class Evaluator:
                     answer,
                     correct,
                     f1,
-                    generated_tokens=sum(e.generated_tokens for e in group),
-                    total_tokens=sum(e.total_tokens for e in group),
-                    critical_path_tokens=sum(e.critical_path_tokens for e in group),
-                    latency_seconds=sum(e.wall_seconds for e in group),
-                    clones=0.0,
-                    protocol_error_rate=_error_rate(group),
+                    **combined_costs(group, "serial"),
                     episodes=group,
                     extra={"retrieved": retrieved[i], "hops": len(group)},
                 )
@@ -536,6 +521,34 @@ class Evaluator:
 
 def _error_rate(group: Sequence[Episode]) -> float:
     return sum(bool(e.protocol_errors) for e in group) / len(group) if group else 0.0
+
+
+CostRule = Literal["parallel", "serial", "mean"]
+
+
+def combined_costs(group: Sequence[Episode], rule: CostRule) -> dict[str, float]:
+    """A problem's costs from its episodes, as `ProblemResult` keyword arguments.
+
+    parallel (sc@k): the samples run side by side, so tokens and clones add up while the critical
+        path and the latency are the slowest sample's;
+    serial (agentic RAG): each hop waits for the previous one, so everything adds up;
+    mean (one attempt, or avg@k): independent attempts at the same problem, so everything averages.
+    """
+    if not group:
+        raise ValueError("combined_costs needs at least one episode")
+
+    def total(values: Iterable[float]) -> float:
+        return float(sum(values)) / (len(group) if rule == "mean" else 1)
+
+    slowest = max if rule == "parallel" else total
+    return {
+        "generated_tokens": total(e.generated_tokens for e in group),
+        "total_tokens": total(e.total_tokens for e in group),
+        "critical_path_tokens": slowest(e.critical_path_tokens for e in group),
+        "latency_seconds": slowest(e.wall_seconds for e in group),
+        "clones": total(e.num_clones for e in group),
+        "protocol_error_rate": _error_rate(group),
+    }
 
 
 def _empty_result(problem: Problem) -> ProblemResult:
