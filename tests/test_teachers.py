@@ -89,27 +89,3 @@ def test_qa_root_hands_each_hop_the_paragraph_that_answers_it() -> None:
             [objective] = parsed.calls[0].objectives
             assert objective.task == hop["question"] and objective.context[0] == hop["paragraph_key"]
         assert extract_answer(root["messages"][-1]["content"]) == record["answers"][0]
-
-
-def test_qa_clone_answers_from_its_paragraph_and_fails_only_without_one() -> None:
-    """A clone that holds the hop's paragraph answers with the sentence that states the answer; the
-    `failed` replies come only from clones handed no paragraph (a root that forgot the key)."""
-    rng = random.Random(4)
-    records = [
-        synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=i) for i in range(30)
-    ]
-    config = TeacherConfig(qa_failed_clone_fraction=0.3)
-    clones = [
-        c for c in build_warmup_conversations([], records, seed=1, config=config) if c["kind"] == "qa_clone"
-    ]
-    failed = [c for c in clones if "failed" in c["messages"][-1]["content"]]
-    assert 0 < len(failed) < len(clones)
-    for clone in clones:
-        prompt, reply = clone["messages"][1]["content"], clone["messages"][-1]["content"]
-        handed = re.findall(r"^\[(\w+)\] ", prompt, flags=re.M)
-        if clone in failed:
-            assert not handed
-            continue
-        answer = extract_answer(reply)
-        fact = reply.splitlines()[0]
-        assert handed and answer in fact and fact in prompt

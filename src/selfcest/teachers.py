@@ -56,14 +56,10 @@ class TeacherConfig:
     clones in another turn (a reduction tree), so no context ever holds a long sum."""
     qa_extra_keys_fraction: float = 0.2
     """Share of QA hops that hand the clone a needless extra paragraph."""
-    qa_mono_distractors: tuple[int, int] = (1, 8)
-    """Distractor paragraphs beside the supporting ones in monolithic QA warm-up (up to a full context)."""
+    qa_mono_distractors: tuple[int, int] = (1, 5)
+    """Distractor paragraphs beside the supporting ones in monolithic QA warm-up (shorter than test)."""
     qa_failed_clone_fraction: float = 0.15
-    """Share of QA clone conversations handed no paragraph at all (the root forgot the context key),
-    which must answer `failed`. Why not a wrong paragraph: telling a wrong paragraph from the right one
-    needs the name matching the tiny model learns last, so it learned to fail at random, and greedy
-    decoding then picks the one frequent `failed` reply over the many names it spreads the rest over
-    (measured: 1% clone accuracy with the gold paragraph; 80% after 700 clone-only steps without)."""
+    """Share of QA clone conversations handed the wrong paragraph, which must answer `failed`."""
 
 
 def conversation(messages: list[Message], *, tools: bool, kind: str) -> dict[str, Any]:
@@ -193,18 +189,26 @@ def _fact_sentence(paragraph_text: str, answer: str) -> str:
 def qa_conversations(
     record: Mapping[str, Any], rng: random.Random, config: TeacherConfig
 ) -> list[dict[str, Any]]:
-    """Root-side decomposition into hops, clone-side reading, and monolithic reading of the context."""
+    """Root-side decomposition into hops, clone-side reading, and short-context monolithic reading."""
     paragraphs = {p["key"]: p for p in record["paragraphs"]}
     hops = record["hops"]
     if not hops or any(h["paragraph_key"] not in paragraphs for h in hops):
         return []
     answer = record["answers"][0]
     out = []
-    # Clone side: each hop's question with its paragraph (sometimes none -> failed).
+    # Clone side: each hop's question with its paragraph (sometimes a wrong one -> failed).
     for hop in hops:
         if rng.random() < config.qa_failed_clone_fraction:
-            out.append(_qa_clone(hop["question"], {}, "Answer: failed (no paragraph given)"))
-            continue
+            wrong = [
+                k
+                for k in paragraphs
+                if k != hop["paragraph_key"] and hop["answer"] not in paragraphs[k]["text"]
+            ]
+            if wrong:
+                key = rng.choice(wrong)
+                reply = "Answer: failed (not in my paragraphs)"
+                out.append(_qa_clone(hop["question"], {key: paragraphs[key]["text"]}, reply))
+                continue
         keys = [hop["paragraph_key"]]
         if rng.random() < config.qa_extra_keys_fraction:
             keys.append(rng.choice(list(paragraphs)))
@@ -232,7 +236,7 @@ def qa_conversations(
         root.append({"role": "tool", "content": f"turn{turn}_clone0: {hop['answer']}"})
     root.append({"role": "assistant", "content": f"Answer: {answer}"})
     out.append(conversation(root, tools=True, kind="qa_root"))
-    # Monolithic: the supporting paragraphs plus distractors, from a few up to the whole context.
+    # Monolithic: supporting paragraphs plus a few distractors, shorter than the test contexts.
     support = [h["paragraph_key"] for h in hops]
     others = [k for k in paragraphs if k not in support]
     rng.shuffle(others)
