@@ -25,19 +25,21 @@ def test_tokenizer_round_trips_and_splits_digits(tiny_tokenizer) -> None:
     assert tiny_tokenizer.pad_token_id != tiny_tokenizer.eos_token_id
 
 
-def test_tokenizer_writes_names_with_shared_two_letter_pieces() -> None:
-    """Even when a name is frequent enough to be merged, it stays its syllables (copyable pieces)."""
+def test_tokenizer_keeps_frequent_names_whole_wherever_they_stand() -> None:
+    """A frequent name is one token at a sentence start, after a space and inside JSON (copyable)."""
     from selfcest.tokenizer import train_tokenizer
 
-    corpus = ["Tolo works for Barivi. Rasumu lives in Tolo. In which city is Tolo based?"] * 200
+    corpus = ['Tolo works for Bari. Rasu lives in Tolo. In which city is Tolo based? ["Tolo", "Rasu"]'] * 200
     tokenizer = train_tokenizer(corpus, vocab_size=400)
-    pieces = [tokenizer.convert_tokens_to_string([p]) for p in tokenizer.tokenize("Rasumu met Tolo")]
-    assert pieces[:3] == ["Ra", "su", "mu"] and pieces[-2:] == ["To", "lo"]
-    # lower-case boilerplate still merges across spaces
-    assert " works for " in [
-        tokenizer.convert_tokens_to_string([p]) for p in tokenizer.tokenize("Tolo works for Barivi")
-    ]
-    for text in ["Independently Tolomira went", "Barivi."]:
+
+    def pieces(text: str) -> list[str]:
+        return [tokenizer.convert_tokens_to_string([p]) for p in tokenizer.tokenize(text)]
+
+    assert pieces("Tolo met Rasu")[0] == "Tolo" and pieces("Tolo met Rasu")[-1] == "Rasu"
+    assert "Tolo" in pieces('["Tolo"]') and "Rasu" in pieces("lives in Rasu.")
+    # lower-case boilerplate still merges across spaces, but never into a name
+    assert " works for " in pieces("Tolo works for Bari")
+    for text in ["Independently Tolomira went", "Bari.", "TOLO and tolo"]:
         assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
 
 

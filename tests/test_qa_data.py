@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from selfcest.data.qa import (
+    NAMES,
     QADataError,
     generate_synthetic,
     load_2wiki,
@@ -264,8 +265,10 @@ def test_synthetic_records_are_answerable_from_hop_paragraphs() -> None:
                 prev = hop["answer"]
             assert prev == rec["answers"][0]
             assert not re.search(rf"\b{rec['answers'][0]}\b", rec["question"])
-            # Names come from the closed syllable set, so the tiny tokenizer sees few pieces.
-            assert all(re.fullmatch(r"[A-Z][a-z]{3,5}", p["title"]) for p in rec["paragraphs"])
+            # Names come from the closed two-syllable set (one token each for the tiny tokenizer).
+            assert all(
+                p["title"] in NAMES and re.fullmatch(r"[A-Z][a-z]{3}", p["title"]) for p in rec["paragraphs"]
+            )
 
 
 def test_ood_has_more_hops_and_paragraphs() -> None:

@@ -8,12 +8,13 @@ import re
 from collections import Counter
 
 from selfcest.data.arithmetic import evaluate_expression
-from selfcest.data.qa import SyntheticSplitConfig, synthetic_record
+from selfcest.data.qa import RELATIONS, SyntheticSplitConfig, synthetic_record
 from selfcest.protocol import extract_answer, parse_tool_calls
 from selfcest.teachers import (
     TeacherConfig,
     arithmetic_root_conversation,
     build_warmup_conversations,
+    paragraph_facts,
     parse_terms,
 )
 
@@ -88,4 +89,69 @@ def test_qa_root_hands_each_hop_the_paragraph_that_answers_it() -> None:
             parsed = parse_tool_calls(call["content"], max_calls=1, max_objectives=1)
             [objective] = parsed.calls[0].objectives
             assert objective.task == hop["question"] and objective.context[0] == hop["paragraph_key"]
+            # The key is written before the task (a fixed distance after the name it copies).
+            assert call["content"].index('"context"') < call["content"].index('"task"')
         assert extract_answer(root["messages"][-1]["content"]) == record["answers"][0]
+
+
+def test_qa_clone_answers_from_its_paragraph_and_fails_only_without_one() -> None:
+    """A clone that holds the hop's paragraph answers with the sentence that states the answer; the
+    `failed` replies come only from clones handed no paragraph (a root that forgot the key)."""
+    rng = random.Random(4)
+    records = [
+        synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=i) for i in range(30)
+    ]
+    config = TeacherConfig(qa_failed_clone_fraction=0.3)
+    clones = [
+        c for c in build_warmup_conversations([], records, seed=1, config=config) if c["kind"] == "qa_clone"
+    ]
+    failed = [c for c in clones if "failed" in c["messages"][-1]["content"]]
+    assert 0 < len(failed) < len(clones)
+    for clone in clones:
+        prompt, reply = clone["messages"][1]["content"], clone["messages"][-1]["content"]
+        handed = re.findall(r"^\[(\w+)\] ", prompt, flags=re.M)
+        if clone in failed:
+            assert not handed
+            continue
+        answer = extract_answer(reply)
+        fact = reply.splitlines()[0]
+        assert handed and answer in fact and fact in prompt
+
+
+def test_paragraph_facts_reads_every_relation_sentence_and_no_filler() -> None:
+    text = "Tote was founded by Kape. Tote is led by Zorine. Tote makes bread. Tote is based in Lora."
+    assert paragraph_facts(text) == [
+        ("Who founded Tote?", "Kape", "Tote was founded by Kape."),
+        ("Who leads Tote?", "Zorine", "Tote is led by Zorine."),
+        ("In which city is Tote based?", "Lora", "Tote is based in Lora."),
+    ]
+    assert paragraph_facts("The capital of Noba is Mira. Noba has many rivers.") == [
+        ("What is the capital of Noba?", "Mira", "The capital of Noba is Mira.")
+    ]
+    assert paragraph_facts("Zono is a teacher. Zono likes long walks.") == []
+    assert paragraph_facts("") == []
+
+
+def test_reading_drills_ask_facts_that_the_handed_paragraph_states() -> None:
+    rng = random.Random(5)
+    records = [
+        synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=i) for i in range(20)
+    ]
+    config = TeacherConfig(qa_reading_drills=2, qa_failed_clone_fraction=0.0, qa_extra_keys_fraction=0.0)
+    clones = [
+        c for c in build_warmup_conversations([], records, seed=3, config=config) if c["kind"] == "qa_clone"
+    ]
+    hop_questions = [h["question"] for r in records for h in r["hops"]]
+    assert len(clones) == len(hop_questions) + 2 * len(records)
+    asks = {relation.ask.split("{x}")[0] for relation in RELATIONS.values()}
+    paragraphs = {(p["key"], p["text"]) for r in records for p in r["paragraphs"]}
+    drills = 0
+    for clone in clones:
+        prompt, reply = clone["messages"][1]["content"], clone["messages"][-1]["content"]
+        [(key, text)] = re.findall(r"^\[(\w+)\] (.*)$", prompt, flags=re.M)
+        question = prompt.splitlines()[-1]
+        fact, answer = reply.splitlines()[0], extract_answer(reply)
+        assert (key, text) in paragraphs and fact in text and fact.endswith(f"{answer}.")
+        assert any(question.startswith(ask) for ask in asks) and key in question
+        drills += question not in hop_questions
+    assert drills > 0

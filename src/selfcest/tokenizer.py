@@ -65,16 +65,14 @@ CHAT_TEMPLATE = (
 )
 
 
-# Capitalised words are cut into two-letter pieces ("Rasumu" -> "Ra", "su", "mu"). The synthetic
-# QA names are strings of two-letter syllables, so every name is written with a few dozen frequent
-# tokens instead of one rare token per name. Why: a ~1M-parameter model cannot copy a token whose
-# embedding it has rarely trained. Measured with the first tokenizer (whole names as tokens), the
-# 2,000-step warm-up copied digits into clone tasks but not names: teacher-forced, it failed to
-# copy a name written ten tokens earlier, so every QA root and clone answered with a constant.
-# Fixed-width look-behinds (the regex engine allows no unbounded ones) cover words of <= 12 letters.
-CAPITALISED_WORD_PIECES = r"[A-Z][a-z]?|" + "|".join(
-    rf"(?<=[A-Z][a-z]{{{width}}})[a-z]{{1,2}}" for width in (1, 3, 5, 7, 9)
-)
+# Capitalised words (names) stand alone: BPE merges within them but never across their edges, so
+# a name is the same token(s) wherever it stands (sentence start, after a space, inside a JSON key
+# list) and a frequent name becomes one token. The synthetic QA names (256 two-syllable names,
+# `selfcest.data.qa.NAMES`) are all frequent, so each is one token, which the tiny model can copy.
+# History, measured: whole names from a 4,352-name space were often rare tokens that the first
+# warm-up did not copy; two-letter pieces (session 2) made them frequent but multi-token, and the
+# 5,000-step warm-up still failed to copy them (it has no induction circuit at this scale).
+CAPITALISED_WORD = r"[A-Z][a-z]+"
 
 
 def train_tokenizer(
@@ -91,7 +89,7 @@ def train_tokenizer(
     # split out first, so a name is the same tokens wherever it stands and can be copied.
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(CAPITALISED_WORD_PIECES), behavior="isolated"),
+            pre_tokenizers.Split(Regex(CAPITALISED_WORD), behavior="isolated"),
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]

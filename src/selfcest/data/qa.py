@@ -442,9 +442,15 @@ def load_source(
 
 # ---------------------------------------------------------------------------------------- synthetic
 
-# Closed syllable vocabulary: every name is 2-3 of these, so a 1k-token BPE sees the same
-# handful of pieces everywhere and names cost 2-3 tokens each.
+# Closed name vocabulary: every name is two of these syllables, so there are 256 names in all and
+# each one is frequent enough in the training text for the tokenizer to make it a single token.
+# Why single tokens: copying a one-token name (into a clone's task, a context key or the final
+# answer) is a look-up of one position, which the tiny model learns as it learns to copy digits;
+# a name of several pieces needs an induction circuit (copy the piece that followed the previous
+# piece), which the ~1M-parameter model did not form in the CPU warm-up (measured: teacher-forced,
+# it wrote "founded by Rite." then "Answer: Mite").
 SYLLABLES = ("ka", "lo", "mi", "ra", "to", "ne", "su", "vi", "da", "pe", "zo", "ba", "ri", "mu", "te", "no")
+NAMES: tuple[str, ...] = tuple((a + b).capitalize() for a in SYLLABLES for b in SYLLABLES)
 
 
 @dataclass(frozen=True)
@@ -526,6 +532,7 @@ class _World:
     def __init__(self, rng: random.Random, size: int):
         self.rng = rng
         self.names: set[str] = set()
+        self._unused = rng.sample(NAMES, len(NAMES))
         counts = {t: max(2, round(size * share)) for t, share in _TYPE_SHARE.items()}
         self.by_type: dict[str, list[str]] = {t: [self._name() for _ in range(n)] for t, n in counts.items()}
         self.type_of = {e: t for t, es in self.by_type.items() for e in es}
@@ -552,12 +559,12 @@ class _World:
             self.facts[company]["based_in"] = rng.choice(self.by_type["city"])
 
     def _name(self) -> str:
-        while True:
-            n = self.rng.choice((2, 2, 3))
-            name = "".join(self.rng.choice(SYLLABLES) for _ in range(n)).capitalize()
-            if name not in self.names:
-                self.names.add(name)
-                return name
+        """The next unused name of this world (names are drawn without replacement from NAMES)."""
+        if not self._unused:
+            raise ValueError(f"a synthetic world cannot have more than {len(NAMES)} entities")
+        name = self._unused.pop()
+        self.names.add(name)
+        return name
 
     def paragraph(self, entity: str, fillers: tuple[int, int]) -> str:
         etype = self.type_of[entity]
