@@ -187,12 +187,14 @@ def arithmetic_root_conversation(
 
 
 # ---------------------------------------------------------------------------- multi-hop QA
+def _sentences(text: str) -> list[str]:
+    """A paragraph's sentences (the synthetic generator ends every sentence with a full stop)."""
+    return [sentence.strip() for sentence in re.split(r"(?<=\.)\s+", text.strip())]
+
+
 def _fact_sentence(paragraph_text: str, answer: str) -> str:
     """The sentence of a hop's paragraph that states its answer (quoted before answering)."""
-    for sentence in re.split(r"(?<=\.)\s+", paragraph_text):
-        if answer in sentence:
-            return sentence.strip()
-    return ""
+    return next((sentence for sentence in _sentences(paragraph_text) if answer in sentence), "")
 
 
 def _fact_pattern(template: str) -> re.Pattern[str]:
@@ -210,7 +212,7 @@ def paragraph_facts(text: str) -> list[tuple[str, str, str]]:
     The synthetic generator writes each fact from its relation's template (`selfcest.data.qa.RELATIONS`);
     filler sentences and text from other sources match no template and give nothing."""
     facts = []
-    for sentence in re.split(r"(?<=\.)\s+", text.strip()):
+    for sentence in _sentences(text):
         for relation, pattern in _FACT_PATTERNS:
             match = pattern.match(sentence)
             if match:
@@ -232,22 +234,20 @@ def qa_conversations(
     # Clone side: each hop's question with its paragraph (sometimes none -> failed).
     for hop in hops:
         if rng.random() < config.qa_failed_clone_fraction:
-            out.append(_qa_clone(hop["question"], {}, "Answer: failed (no paragraph given)"))
+            out.append(_qa_clone(hop["question"], {}, "failed (no paragraph given)"))
             continue
         keys = [hop["paragraph_key"]]
         if rng.random() < config.qa_extra_keys_fraction:
             keys.append(rng.choice(list(paragraphs)))
         documents = {k: paragraphs[k]["text"] for k in dict.fromkeys(keys)}
         fact = _fact_sentence(paragraphs[hop["paragraph_key"]]["text"], hop["answer"])
-        out.append(_qa_clone(hop["question"], documents, f"{fact}\nAnswer: {hop['answer']}"))
+        out.append(_qa_clone(hop["question"], documents, hop["answer"], quote=fact))
     for _ in range(config.qa_reading_drills):
         key = rng.choice(list(paragraphs))
         facts = paragraph_facts(paragraphs[key]["text"])
         if facts:
             question, fact_answer, sentence = rng.choice(facts)
-            out.append(
-                _qa_clone(question, {key: paragraphs[key]["text"]}, f"{sentence}\nAnswer: {fact_answer}")
-            )
+            out.append(_qa_clone(question, {key: paragraphs[key]["text"]}, fact_answer, quote=sentence))
     # Root side: one clone per hop, in sequence, each handed the key of the paragraph it needs.
     root: list[Message] = [
         {"role": "system", "content": ROOT_SYSTEM_PROMPT},
@@ -265,7 +265,8 @@ def qa_conversations(
                 # (or the question's anchor), and written first it sits a fixed number of tokens after
                 # that name, a look-up by position the tiny model learns as it learns to copy digits.
                 # Task first, the name's distance depends on the question's wording; measured with that
-                # order: 69% of qa/test roots wrote a wrong name into the second hop's key.
+                # order, 68.8% of qa/test roots made a protocol error, in the traces read nearly always
+                # a wrong name in the second hop's key.
                 "content": spawn_call(
                     [{"context": list(dict.fromkeys(keys)), "task": hop["question"], "max_tokens": budget}]
                 ),
@@ -294,7 +295,11 @@ def qa_conversations(
     return out
 
 
-def _qa_clone(task: str, documents: Mapping[str, str], reply: str) -> dict[str, Any]:
+def _qa_clone(
+    task: str, documents: Mapping[str, str], answer: str, quote: str | None = None
+) -> dict[str, Any]:
+    """A clone's reading conversation: quote the sentence that states the answer (if any), then answer."""
+    reply = f"Answer: {answer}" if quote is None else f"{quote}\nAnswer: {answer}"
     return _solo(CLONE_SYSTEM_PROMPT, clone_user_message(task, documents), reply, "qa_clone")
 
 
