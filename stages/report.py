@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             budgets=settings[name.split("/", 1)[0]].budgets,
             reference_budget=settings[name.split("/", 1)[0]].reference_budget,
             min_gain=float(report.get("claim_min_gain", 0.15)),
+            outcomes=reports.load_outcomes(sweep, name),
         )
         for name in report.get("claim_splits") or []
     }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from selfcest.reports import (
     missing_methods,
     settings_for,
 )
+from selfcest.stats import paired_gap
 
 REPO = Path(__file__).resolve().parents[1]
 BUDGETS = [100, 200, 400]
@@ -432,3 +435,40 @@ def test_missing_methods_from_params() -> None:
     assert {"base", "selfcest", "selfcest-nogate", "noclone-grpo", "prompted"} <= set(
         missing["arithmetic/ood"]
     )
+
+
+def test_claims_a_and_c_give_the_paired_interval_of_their_gap() -> None:
+    """With per-problem outcomes, (a) and (c) report the paired bootstrap interval of the gap; the
+    verdicts stay on point estimates. A large consistent gap excludes 0, a one-problem gap does not."""
+    problems = [f"p{i}" for i in range(40)]
+    outcomes = {
+        ("base", 400): {p: float(i < 22) for i, p in enumerate(problems)},  # 55%
+        ("selfcest", 400): {p: float(i < 32) for i, p in enumerate(problems)},  # 80%: +10 on the same 22
+        ("selfcest", 200): {p: float(i < 28) for i, p in enumerate(problems)},  # 70%
+        ("prompted", 200): {p: float(i < 27) for i, p in enumerate(problems)},  # 67.5%: one problem less
+    }
+    claims = check_claims(
+        strong_sweep(), roles=ROLES, budgets=BUDGETS, reference_budget=200, outcomes=outcomes
+    )
+    a, c = claims[0], claims[2]
+    assert [x.status for x in claims] == [HOLDS] * 4  # the same verdicts as without outcomes
+    low, high = (
+        float(v) for v in re.search(r"gap \[([-+\d.]+), ([-+\d.]+)\] pts, 40 problems", a.detail).groups()
+    )
+    assert 0 < low <= 25.0 <= high  # every flip is a gain, so the interval stays above 0
+    low, high = (
+        float(v) for v in re.search(r"gap \[([-+\d.]+), ([-+\d.]+)\] pts, 40 problems", c.detail).groups()
+    )
+    assert low <= 0 < high  # a single problem's difference is noise
+    without = check_claims(strong_sweep(), roles=ROLES, budgets=BUDGETS, reference_budget=200)
+    assert "bootstrap" not in without[0].detail + without[2].detail
+
+
+def test_paired_gap_pairs_problems_by_id() -> None:
+    ours = {"a": 1.0, "b": 1.0, "c": 0.0, "only-ours": 1.0}
+    theirs = {"a": 1.0, "b": 0.0, "c": 0.0, "only-theirs": 0.0}
+    gap, low, high, n = paired_gap(ours, theirs, resamples=500, seed=1)
+    assert n == 3 and gap == pytest.approx(1 / 3) and 0.0 <= low <= gap <= high <= 1.0
+    assert paired_gap({"a": 1.0}, {"a": 1.0}) == (0.0, 0.0, 0.0, 1)
+    gap, low, high, n = paired_gap({"a": 1.0}, {"b": 1.0})
+    assert n == 0 and math.isnan(gap) and math.isnan(low) and math.isnan(high)

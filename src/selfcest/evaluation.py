@@ -34,12 +34,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-
 from selfcest.engine import GenerationEngine, SamplingConfig
 from selfcest.prompts import ANSWER_MARKER, THINKING_SYSTEM_PROMPT, qa_monolithic_question
 from selfcest.runtime import Episode, Runtime, RuntimeConfig, Task
 from selfcest.scoring import last_boxed, math_equivalent, normalize_answer, parse_last_integer
+from selfcest.stats import bootstrap_ci
 from selfcest.tasks import qa_task, score_final_answer
 
 log = logging.getLogger(__name__)
@@ -219,26 +218,6 @@ def majority_vote(keys: Sequence[Hashable | None]) -> int | None:
 
 
 # --------------------------------------------------------------------------- metrics
-def bootstrap_ci(
-    values: Sequence[float], *, resamples: int = 1000, seed: int = 0, confidence: float = 0.95
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean (seeded: same inputs, same interval).
-
-    Empty input gives (nan, nan); a single value or `resamples == 0` gives (mean, mean).
-    """
-    data = np.asarray(list(values), dtype=float)
-    if data.size == 0:
-        return math.nan, math.nan
-    if data.size == 1 or resamples <= 0:
-        mean = float(data.mean())
-        return mean, mean
-    rng = np.random.default_rng(seed)
-    means = data[rng.integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    low, high = np.percentile(means, [tail, 100.0 - tail])
-    return float(low), float(high)
-
-
 @dataclass
 class ProblemResult:
     """One method's outcome on one problem, costs already combined over its episodes."""

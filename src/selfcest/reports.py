@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from selfcest.stats import paired_gap
+
 HOLDS = "HOLDS"
 FAILS = "DOES NOT HOLD"
 NOT_CHECKED = "NOT CHECKED"
@@ -145,6 +147,38 @@ def load_sweep(root: Path | str, allowed: set[tuple[str, str, str]] | None = Non
         for row in cell_rows:
             rows.append({**row, "benchmark": benchmark(row["dataset"], row["split"])})
     return Sweep(rows, cells, dirs)
+
+
+Outcomes = Mapping[tuple[str, int], Mapping[str, float]]
+"""(method, budget) -> problem id -> correctness, one benchmark's per-problem results."""
+
+
+def load_outcomes(sweep: Sweep, name: str) -> dict[tuple[str, int], dict[str, float]]:
+    """Per-problem correctness of every (method, budget) of benchmark `name`, from the cells' episode
+    files (the rows hold only means; paired comparisons need the problems)."""
+    outcomes: dict[tuple[str, int], dict[str, float]] = {}
+    for (dataset, split, _), directory in sweep.cell_dirs.items():
+        path = directory / "episodes.jsonl.gz"
+        if benchmark(dataset, split) != name or not path.exists():
+            continue
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            for line in handle:
+                record = json.loads(line)
+                key = (record["method"], int(record["budget"]))
+                outcomes.setdefault(key, {})[str(record["problem_id"])] = float(record["correct"])
+    return outcomes
+
+
+def _gap_interval(outcomes: Outcomes | None, ours: tuple[str, int], theirs: tuple[str, int]) -> str:
+    """` (paired bootstrap 95% interval of the gap [low, high] pts, n problems)`, or "" without outcomes."""
+    if not outcomes or ours not in outcomes or theirs not in outcomes:
+        return ""
+    _, low, high, n = paired_gap(outcomes[ours], outcomes[theirs], seed=0)
+    if n == 0:
+        return ""
+    return (
+        f" (paired bootstrap 95% interval of the gap [{100 * low:+.1f}, {100 * high:+.1f}] pts, {n} problems)"
+    )
 
 
 def method_applies(values: Mapping[str, Any] | None, dataset: str) -> bool:
@@ -298,10 +332,16 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def claim_beats_base(rows: Sequence[Mapping[str, Any]], selfcest: str, base: str, min_gain: float) -> Claim:
+def claim_beats_base(
+    rows: Sequence[Mapping[str, Any]],
+    selfcest: str,
+    base: str,
+    min_gain: float,
+    outcomes: Outcomes | None = None,
+) -> Claim:
     """(a) At some budget of the sweep, with the same tree-wide budget for both, selfcest's accuracy
     minus base's is at least `min_gain` (0.15 = 15 points). Compared on point estimates; every
-    budget's gap is reported."""
+    budget's gap is reported, and with per-problem `outcomes` the largest gap's paired interval."""
     statement = f"{selfcest} beats {base} by >= {100 * min_gain:.0f} accuracy points at a matched budget"
     ours, theirs = _by_budget(rows, selfcest), _by_budget(rows, base)
     budgets = sorted(set(ours) & set(theirs))
@@ -314,8 +354,12 @@ def claim_beats_base(rows: Sequence[Mapping[str, Any]], selfcest: str, base: str
         f"budget {b}: {_pct(ours[b]['accuracy'])} vs {_pct(theirs[b]['accuracy'])} ({100 * gaps[b]:+.1f} pts)"
         for b in budgets
     )
+    interval = _gap_interval(outcomes, (selfcest, best), (base, best))
     return Claim(
-        "a", statement, status, f"largest gap {100 * gaps[best]:+.1f} pts at budget {best}. {detail}"
+        "a",
+        statement,
+        status,
+        f"largest gap {100 * gaps[best]:+.1f} pts at budget {best}{interval}. {detail}",
     )
 
 
@@ -348,7 +392,11 @@ def claim_frontier(
 
 
 def claim_beats_prompted(
-    rows: Sequence[Mapping[str, Any]], selfcest: str, prompted: str, reference_budget: int
+    rows: Sequence[Mapping[str, Any]],
+    selfcest: str,
+    prompted: str,
+    reference_budget: int,
+    outcomes: Outcomes | None = None,
 ) -> Claim:
     """(c) At the reference budget, selfcest has higher accuracy than prompted (the same checkpoint
     before RL with the same tool), or equal accuracy with fewer mean generated tokens."""
@@ -368,6 +416,7 @@ def claim_beats_prompted(
     detail = (
         f"at budget {reference_budget}: {_pct(a['accuracy'])} with {a['gen_tokens']:.0f} generated tokens vs "
         f"{_pct(b['accuracy'])} with {b['gen_tokens']:.0f}"
+        + _gap_interval(outcomes, (selfcest, reference_budget), (prompted, reference_budget))
     )
     return Claim("c", statement, HOLDS if better or tie_cheaper else FAILS, detail)
 
@@ -410,8 +459,13 @@ def check_claims(
     budgets: Sequence[int],
     reference_budget: int,
     min_gain: float = 0.15,
+    outcomes: Outcomes | None = None,
 ) -> list[Claim]:
-    """The four claims on one benchmark's rows; `roles` maps selfcest/base/prompted/rivals to method names."""
+    """The four claims on one benchmark's rows; `roles` maps selfcest/base/prompted/rivals to method names.
+
+    Verdicts compare point estimates, as the claims are stated; with per-problem `outcomes` (see
+    `load_outcomes`) the details of (a) and (c) add the paired bootstrap interval of the gap, which
+    says whether a gap of that size is distinguishable from noise at the number of problems."""
     selfcest, base, prompted = (
         roles.get("selfcest", "selfcest"),
         roles.get("base", "base"),
@@ -419,9 +473,9 @@ def check_claims(
     )
     rivals = list(roles.get("rivals") or [])
     return [
-        claim_beats_base(rows, selfcest, base, min_gain),
+        claim_beats_base(rows, selfcest, base, min_gain, outcomes),
         claim_frontier(rows, selfcest, rivals, budgets),
-        claim_beats_prompted(rows, selfcest, prompted, reference_budget),
+        claim_beats_prompted(rows, selfcest, prompted, reference_budget, outcomes),
         claim_critical_path(rows, selfcest, base),
     ]
 
@@ -610,7 +664,13 @@ def summary_markdown(
         for key in keys:
             cells = [next(c.status for c in claims[n] if c.key == key) for n in names]
             lines.append(f"| ({key}) {statements[key]} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += [
+            "",
+            "Verdicts compare point estimates, as the claims are stated. Where per-problem results are",
+            "at hand, (a) and (c) also give the paired bootstrap 95% interval of the gap: an interval",
+            "that includes 0 means the gap is not distinguishable from noise at this number of problems.",
+            "",
+        ]
     for name in sweep.benchmarks():
         rows = sweep.for_benchmark(name)
         setting = settings[name.split("/", 1)[0]]
