@@ -186,6 +186,11 @@ def test_each_claim_fails_on_its_own_counterexample() -> None:
     assert (
         claim_beats_prompted(prompted_at_200(0.70, 175), "selfcest", "prompted", 200).status == HOLDS
     )  # tie, cheaper
+    never_right = [
+        dict(r, accuracy=0.0) if r["method"] in ("selfcest", "prompted") and r["budget"] == 200 else r
+        for r in rows
+    ]
+    assert claim_beats_prompted(never_right, "selfcest", "prompted", 200).status == NOT_CHECKED  # 0% vs 0%
     # (d): selfcest reaches base's best accuracy only with a longer critical path.
     slow = [
         dict(r, critical_tokens=r["critical_tokens"] + 400) if r["method"] == "selfcest" else r for r in rows

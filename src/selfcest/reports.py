@@ -399,7 +399,9 @@ def claim_beats_prompted(
     outcomes: Outcomes | None = None,
 ) -> Claim:
     """(c) At the reference budget, selfcest has higher accuracy than prompted (the same checkpoint
-    before RL with the same tool), or equal accuracy with fewer mean generated tokens."""
+    before RL with the same tool), or equal accuracy with fewer mean generated tokens. Not checked
+    when neither is ever right there: fewer tokens for no correct answer is no win (measured: a
+    seed whose warm-up never learned QA delegation had both at 0%, selfcest with fewer tokens)."""
     statement = f"{selfcest} beats {prompted} (higher accuracy, or equal accuracy for fewer tokens)"
     ours, theirs = _by_budget(rows, selfcest), _by_budget(rows, prompted)
     if reference_budget not in ours or reference_budget not in theirs:
@@ -411,6 +413,13 @@ def claim_beats_prompted(
             f"no row at the reference budget {reference_budget} for {', '.join(lacking)}",
         )
     a, b = ours[reference_budget], theirs[reference_budget]
+    if a["accuracy"] <= EPS and b["accuracy"] <= EPS:
+        return Claim(
+            "c",
+            statement,
+            NOT_CHECKED,
+            f"neither {selfcest} nor {prompted} is ever right at budget {reference_budget}",
+        )
     better = a["accuracy"] > b["accuracy"] + EPS
     tie_cheaper = abs(a["accuracy"] - b["accuracy"]) <= EPS and a["gen_tokens"] < b["gen_tokens"]
     detail = (
