@@ -31,18 +31,14 @@ log = logging.getLogger("report")
 def write_delegation_by_size(sweep: object, report: dict, path: Path) -> None:
     """Delegation rate and clones per problem by problem size, before (prompted) and after RL."""
     import csv
-    import gzip
-    import json
 
     from selfcest.analysis import delegation_by_size
+    from selfcest.reports import episode_records
 
     methods = report.get("delegation_methods") or ["prompted", "selfcest", "selfcest-nogate"]
     records = []
     for directory in sweep.cell_dirs.values():  # type: ignore[attr-defined]
-        episodes = directory / "episodes.jsonl.gz"
-        if episodes.exists():
-            with gzip.open(episodes, "rt", encoding="utf-8") as handle:
-                records.extend(json.loads(line) for line in handle)
+        records.extend(episode_records(directory / "episodes.jsonl.gz"))
     rows = delegation_by_size(records, methods)
     fields = [
         "dataset",

@@ -158,14 +158,11 @@ def load_outcomes(sweep: Sweep, name: str) -> dict[tuple[str, int], dict[str, fl
     files (the rows hold only means; paired comparisons need the problems)."""
     outcomes: dict[tuple[str, int], dict[str, float]] = {}
     for (dataset, split, _), directory in sweep.cell_dirs.items():
-        path = directory / "episodes.jsonl.gz"
-        if benchmark(dataset, split) != name or not path.exists():
+        if benchmark(dataset, split) != name:
             continue
-        with gzip.open(path, "rt", encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
-                key = (record["method"], int(record["budget"]))
-                outcomes.setdefault(key, {})[str(record["problem_id"])] = float(record["correct"])
+        for record in episode_records(directory / "episodes.jsonl.gz"):
+            key = (record["method"], int(record["budget"]))
+            outcomes.setdefault(key, {})[str(record["problem_id"])] = float(record["correct"])
     return outcomes
 
 
@@ -868,8 +865,9 @@ def _record_html(record: Mapping[str, Any]) -> str:
     return f"<details><summary>{head}</summary>{''.join(body)}</details>"
 
 
-def _records(path: Path, budget: int | None) -> Iterable[dict[str, Any]]:
-    """A cell's episode records at `budget` (all budgets when None), streamed."""
+def episode_records(path: Path, budget: int | None = None) -> Iterable[dict[str, Any]]:
+    """A cell's episode records (`episodes.jsonl.gz`) at `budget` (all budgets when None), streamed;
+    nothing when the file is absent."""
     if not path.exists():
         return
     with gzip.open(path, "rt", encoding="utf-8") as handle:
@@ -882,7 +880,7 @@ def _records(path: Path, budget: int | None) -> Iterable[dict[str, Any]]:
 
 def _first_problem_ids(path: Path, budget: int | None, limit: int) -> list[str]:
     ids: list[str] = []
-    for record in _records(path, budget):
+    for record in episode_records(path, budget):
         if record.get("problem_id") not in ids:
             ids.append(record.get("problem_id"))
             if len(ids) >= limit:
@@ -921,7 +919,7 @@ def traces_html(
         records = [
             r
             for _, directory in cells
-            for r in _records(directory / "episodes.jsonl.gz", budget)
+            for r in episode_records(directory / "episodes.jsonl.gz", budget)
             if r.get("problem_id") in wanted
         ]
         body.append(f"<h2>{e(name)} (budget {e(str(budget))})</h2>")
