@@ -1,0 +1,108 @@
+"""Benchmark: a checkpoint's two warm-up skills, measured off every test split.
+
+    python benchmarks/warmup_skills.py artifacts/warmup_model [more checkpoint dirs]
+
+For choosing warm-up settings without looking at the claim splits:
+- QA delegation on `data/qa/validation.jsonl` (greedy, budget 128): accuracy, and how often the
+  root's first spawn hands the clone the first hop's paragraph key, and a later spawn the second's;
+- monolithic arithmetic on 96 train records that GRPO's seeded sample leaves out (the warm-up saw
+  them, so this measures how well it kept the skill, not generalisation).
+Prints one JSON line per checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from selfcest.engine import TransformersEngine
+from selfcest.evaluation import (
+    Evaluator,
+    MethodSpec,
+    load_problems,
+    problem_from_record,
+    runtime_config_from_params,
+)
+from selfcest.model import load_model
+from selfcest.runtime import Episode
+from selfcest.tokenizer import load_tokenizer
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def hop_keys_copied(episode: Episode, hops: list[dict]) -> tuple[bool, bool]:
+    """(first spawn holds hop 1's key, a later spawn holds hop 2's key)."""
+    clones = [agent for agent in episode.agents if agent.role != "root"]
+    if not clones:
+        return False, False
+    first_turn = min(agent.spawn_turn for agent in clones)
+    first = [agent for agent in clones if agent.spawn_turn == first_turn]
+    later = [agent for agent in clones if agent.spawn_turn != first_turn]
+    return (
+        hops[0]["paragraph_key"] in first[0].context_keys,
+        len(hops) > 1 and any(hops[1]["paragraph_key"] in agent.context_keys for agent in later),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkpoints", nargs="+")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--qa-budget", type=int, default=128)
+    parser.add_argument("--arithmetic-budget", type=int, default=256)
+    parser.add_argument("--arithmetic-problems", type=int, default=96)
+    parser.add_argument("--arithmetic-seed", type=int, default=7, help="draw of the arithmetic records")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    params = OmegaConf.to_container(OmegaConf.load(args.params), resolve=True)
+    qa_path = Path("data/qa/validation.jsonl")
+    hops = {record["id"]: record["hops"] for record in read_jsonl(qa_path)}
+    qa = load_problems("qa", qa_path, max_problems=None, seed=params["seed"])
+    # The same seeded draw as stages/train_grpo.py, so these records are outside GRPO's sample.
+    train = read_jsonl(Path("data/arithmetic/train.jsonl"))
+    in_grpo = {
+        r["id"] for r in random.Random(params["seed"]).sample(train, params["grpo"]["tasks"]["arithmetic"])
+    }
+    outside = [r for r in train if r["id"] not in in_grpo]
+    arithmetic = [
+        problem_from_record("arithmetic", r)
+        for r in random.Random(args.arithmetic_seed).sample(
+            outside, min(args.arithmetic_problems, len(outside))
+        )
+    ]
+    runtime = runtime_config_from_params(params["runtime"])
+    for checkpoint in args.checkpoints:
+        tokenizer, model = load_tokenizer(checkpoint), load_model(checkpoint).eval()
+        evaluator = Evaluator(
+            TransformersEngine(model, tokenizer, max_batch_size=64), runtime, seed=params["seed"]
+        )
+        qa_results, _ = evaluator.run(MethodSpec("delegate", mode="delegate"), qa, args.qa_budget)
+        keys = [hop_keys_copied(r.episodes[0], hops[r.problem_id]) for r in qa_results]
+        arithmetic_results, _ = evaluator.run(MethodSpec("monolithic"), arithmetic, args.arithmetic_budget)
+        n_qa, n_arithmetic = len(qa_results), len(arithmetic_results)
+        print(
+            json.dumps(
+                {
+                    "checkpoint": checkpoint,
+                    "qa_validation_delegate_accuracy": sum(r.correct for r in qa_results) / n_qa,
+                    "qa_first_key_copied": sum(first for first, _ in keys) / n_qa,
+                    "qa_second_key_copied": sum(second for _, second in keys) / n_qa,
+                    "arithmetic_train_monolithic_accuracy": sum(r.correct for r in arithmetic_results)
+                    / n_arithmetic,
+                    "qa_problems": n_qa,
+                    "arithmetic_problems": n_arithmetic,
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
