@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from selfcest.engine import TransformersEngine
 from selfcest.evaluation import (
@@ -32,9 +32,9 @@ from selfcest.model import load_model
 from selfcest.runtime import Episode
 from selfcest.tokenizer import load_tokenizer
 
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+# The stages' own params and JSONL readers (OmegaConf: PyYAML reads `3e-05` as a string).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from stages.common import load_params, read_jsonl  # noqa: E402
 
 
 def hop_keys_copied(episode: Episode, hops: list[dict]) -> tuple[bool, bool]:
@@ -61,15 +61,14 @@ def main() -> None:
     parser.add_argument("--arithmetic-seed", type=int, default=7, help="draw of the arithmetic records")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    params = OmegaConf.to_container(OmegaConf.load(args.params), resolve=True)
+    params = load_params(Path(args.params))
     qa_path = Path("data/qa/validation.jsonl")
     hops = {record["id"]: record["hops"] for record in read_jsonl(qa_path)}
     qa = load_problems("qa", qa_path, max_problems=None, seed=params["seed"])
     # The same seeded draw as stages/train_grpo.py, so these records are outside GRPO's sample.
     train = read_jsonl(Path("data/arithmetic/train.jsonl"))
-    in_grpo = {
-        r["id"] for r in random.Random(params["seed"]).sample(train, params["grpo"]["tasks"]["arithmetic"])
-    }
+    grpo_draw = min(params["grpo"]["tasks"]["arithmetic"], len(train))
+    in_grpo = {r["id"] for r in random.Random(params["seed"]).sample(train, grpo_draw)}
     outside = [r for r in train if r["id"] not in in_grpo]
     arithmetic = [
         problem_from_record("arithmetic", r)
