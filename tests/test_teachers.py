@@ -83,6 +83,11 @@ def test_qa_root_hands_each_hop_the_paragraph_that_answers_it() -> None:
     for index in range(20):
         record = synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=index)
         [root] = [c for c in build_warmup_conversations([], [record], seed=index) if c["kind"] == "qa_root"]
+        # The root sees the keys, then the question last, next to its reply (not the keys' text).
+        user = root["messages"][1]["content"]
+        assert user.endswith("\n" + record["question"])
+        assert all(key in user.split("\n")[0] for key in (p["key"] for p in record["paragraphs"]))
+        assert not any(p["text"] in user for p in record["paragraphs"])
         calls = [m for m in root["messages"] if m["role"] == "assistant"][:-1]
         assert len(calls) == len(record["hops"])
         for call, hop in zip(calls, record["hops"], strict=True):

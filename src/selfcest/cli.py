@@ -12,6 +12,7 @@ from pathlib import Path
 
 from selfcest.engine import SamplingConfig, TransformersEngine
 from selfcest.model import load_model
+from selfcest.prompts import qa_root_question
 from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task
 from selfcest.tokenizer import load_tokenizer
 
@@ -59,7 +60,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
             return 2
     question = args.question
     if documents and config.use_tools:
-        question = f"{question}\nDocuments: {', '.join(documents)}"
+        question = qa_root_question(question, list(documents))
     runtime = Runtime(TransformersEngine(model, tokenizer), config)
     sampling = SamplingConfig(temperature=args.temperature, seed=args.seed)
     [episode] = runtime.run([Task("cli", question, documents=documents)], sampling=sampling)
