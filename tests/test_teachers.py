@@ -160,3 +160,20 @@ def test_reading_drills_ask_facts_that_the_handed_paragraph_states() -> None:
         assert any(question.startswith(ask) for ask in asks) and key in question
         drills += question not in hop_questions
     assert drills > 0
+
+
+def test_root_only_qa_records_add_their_root_conversation_and_nothing_else() -> None:
+    rng = random.Random(5)
+    records = [synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=i) for i in range(6)]
+    full, root_only = records[:2], records[2:]
+    unteachable = {**root_only[0], "hops": []}  # no hop to delegate: a teacher cannot write it
+    conversations = build_warmup_conversations(
+        [], full, seed=4, qa_root_only_records=[*root_only, unteachable]
+    )
+    baseline = build_warmup_conversations([], full, seed=4)
+    kinds = [c["kind"] for c in conversations]
+    assert kinds.count("qa_root") == len(full) + len(root_only)
+    for kind in ("qa_clone", "qa_mono"):
+        assert kinds.count(kind) == [c["kind"] for c in baseline].count(kind)
+    roots = "\n".join(c["messages"][1]["content"] for c in conversations if c["kind"] == "qa_root")
+    assert all(record["question"] in roots for record in records)
