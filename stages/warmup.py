@@ -46,6 +46,7 @@ def main() -> None:
     started = time.perf_counter()
     warmup_params = dict(params["warmup"])
     qa_records = warmup_params.pop("qa_records")
+    qa_root_only = warmup_params.pop("qa_root_only_records", 0)
     teacher = TeacherConfig(
         **{k: tuple(v) if isinstance(v, list) else v for k, v in warmup_params.pop("teacher").items()}
     )
@@ -53,8 +54,15 @@ def main() -> None:
     tokenizer = load_tokenizer(args.init)
     model = load_model(args.init, dtype="float32")
     arithmetic = read_jsonl(args.arithmetic)
-    qa = read_jsonl(args.qa)[:qa_records]
-    conversations = build_warmup_conversations(arithmetic, qa, seed=params["seed"], config=teacher)
+    qa_all = read_jsonl(args.qa)
+    qa = qa_all[:qa_records]
+    conversations = build_warmup_conversations(
+        arithmetic,
+        qa,
+        seed=params["seed"],
+        config=teacher,
+        qa_root_only_records=qa_all[qa_records : qa_records + qa_root_only],
+    )
     dataset = tokenize_conversations(conversations, tokenizer, config.max_length)
     kinds: dict[str, int] = {}
     for kind in dataset["kind"]:

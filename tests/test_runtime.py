@@ -195,7 +195,7 @@ def test_documents_are_handed_to_clones_by_key_only(tiny_tokenizer) -> None:
 
     task = Task(
         "q",
-        "What is the capital of Zorb?\nDocuments: zorb, other",
+        "Documents: zorb, other\nWhat is the capital of Zorb?",
         documents={"zorb": "The capital of Zorb is Paris.", "other": "Unrelated text."},
     )
     [episode] = Runtime(ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig()).run([task])

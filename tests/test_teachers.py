@@ -83,6 +83,11 @@ def test_qa_root_hands_each_hop_the_paragraph_that_answers_it() -> None:
     for index in range(20):
         record = synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=index)
         [root] = [c for c in build_warmup_conversations([], [record], seed=index) if c["kind"] == "qa_root"]
+        # The root sees the keys, then the question last, next to its reply (not the keys' text).
+        user = root["messages"][1]["content"]
+        assert user.endswith("\n" + record["question"])
+        assert all(key in user.split("\n")[0] for key in (p["key"] for p in record["paragraphs"]))
+        assert not any(p["text"] in user for p in record["paragraphs"])
         calls = [m for m in root["messages"] if m["role"] == "assistant"][:-1]
         assert len(calls) == len(record["hops"])
         for call, hop in zip(calls, record["hops"], strict=True):
@@ -155,3 +160,20 @@ def test_reading_drills_ask_facts_that_the_handed_paragraph_states() -> None:
         assert any(question.startswith(ask) for ask in asks) and key in question
         drills += question not in hop_questions
     assert drills > 0
+
+
+def test_root_only_qa_records_add_their_root_conversation_and_nothing_else() -> None:
+    rng = random.Random(5)
+    records = [synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=i) for i in range(6)]
+    full, root_only = records[:2], records[2:]
+    unteachable = {**root_only[0], "hops": []}  # no hop to delegate: a teacher cannot write it
+    conversations = build_warmup_conversations(
+        [], full, seed=4, qa_root_only_records=[*root_only, unteachable]
+    )
+    baseline = build_warmup_conversations([], full, seed=4)
+    kinds = [c["kind"] for c in conversations]
+    assert kinds.count("qa_root") == len(full) + len(root_only)
+    for kind in ("qa_clone", "qa_mono"):
+        assert kinds.count(kind) == [c["kind"] for c in baseline].count(kind)
+    roots = "\n".join(c["messages"][1]["content"] for c in conversations if c["kind"] == "qa_root")
+    assert all(record["question"] in roots for record in records)

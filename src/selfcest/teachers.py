@@ -221,14 +221,20 @@ def paragraph_facts(text: str) -> list[tuple[str, str, str]]:
     return facts
 
 
+def _teachable_qa_record(record: Mapping[str, Any]) -> bool:
+    """A teacher can only write a record whose every hop names a paragraph the record has."""
+    keys = {p["key"] for p in record["paragraphs"]}
+    return bool(record["hops"]) and all(h["paragraph_key"] in keys for h in record["hops"])
+
+
 def qa_conversations(
     record: Mapping[str, Any], rng: random.Random, config: TeacherConfig
 ) -> list[dict[str, Any]]:
     """Root-side decomposition into hops, clone-side reading, and monolithic reading of the context."""
+    if not _teachable_qa_record(record):
+        return []
     paragraphs = {p["key"]: p for p in record["paragraphs"]}
     hops = record["hops"]
-    if not hops or any(h["paragraph_key"] not in paragraphs for h in hops):
-        return []
     answer = record["answers"][0]
     out = []
     # Clone side: each hop's question with its paragraph (sometimes none -> failed).
@@ -248,7 +254,35 @@ def qa_conversations(
         if facts:
             question, fact_answer, sentence = rng.choice(facts)
             out.append(_qa_clone(question, {key: paragraphs[key]["text"]}, fact_answer, quote=sentence))
-    # Root side: one clone per hop, in sequence, each handed the key of the paragraph it needs.
+    out.append(qa_root_conversation(record, rng, config))
+    # Monolithic: the supporting paragraphs plus distractors, from a few up to the whole context.
+    support = [h["paragraph_key"] for h in hops]
+    others = [k for k in paragraphs if k not in support]
+    rng.shuffle(others)
+    low, high = config.qa_mono_distractors
+    keys = support + others[: rng.randint(low, high)]
+    rng.shuffle(keys)
+    documents = {k: paragraphs[k]["text"] for k in keys}
+    facts = [_fact_sentence(paragraphs[h["paragraph_key"]]["text"], h["answer"]) for h in hops]
+    out.append(
+        _solo(
+            MONOLITHIC_SYSTEM_PROMPT,
+            qa_monolithic_question(record["question"], documents),
+            "\n".join([*facts, f"Answer: {answer}"]),
+            "qa_mono",
+        )
+    )
+    return out
+
+
+def qa_root_conversation(
+    record: Mapping[str, Any], rng: random.Random, config: TeacherConfig
+) -> dict[str, Any]:
+    """The root side of a QA record: one clone per hop, in sequence, each handed the key of the
+    paragraph it needs, then the answer. The caller has checked that every hop's paragraph exists."""
+    paragraphs = {p["key"]: p for p in record["paragraphs"]}
+    hops = record["hops"]
+    answer = record["answers"][0]
     root: list[Message] = [
         {"role": "system", "content": ROOT_SYSTEM_PROMPT},
         {"role": "user", "content": qa_root_question(record["question"], list(paragraphs))},
@@ -274,25 +308,7 @@ def qa_conversations(
         )
         root.append({"role": "tool", "content": f"turn{turn}_clone0: {hop['answer']}"})
     root.append({"role": "assistant", "content": f"Answer: {answer}"})
-    out.append(conversation(root, tools=True, kind="qa_root"))
-    # Monolithic: the supporting paragraphs plus distractors, from a few up to the whole context.
-    support = [h["paragraph_key"] for h in hops]
-    others = [k for k in paragraphs if k not in support]
-    rng.shuffle(others)
-    low, high = config.qa_mono_distractors
-    keys = support + others[: rng.randint(low, high)]
-    rng.shuffle(keys)
-    documents = {k: paragraphs[k]["text"] for k in keys}
-    facts = [_fact_sentence(paragraphs[h["paragraph_key"]]["text"], h["answer"]) for h in hops]
-    out.append(
-        _solo(
-            MONOLITHIC_SYSTEM_PROMPT,
-            qa_monolithic_question(record["question"], documents),
-            "\n".join([*facts, f"Answer: {answer}"]),
-            "qa_mono",
-        )
-    )
-    return out
+    return conversation(root, tools=True, kind="qa_root")
 
 
 def _qa_clone(
@@ -309,8 +325,13 @@ def build_warmup_conversations(
     *,
     seed: int,
     config: TeacherConfig | None = None,
+    qa_root_only_records: Sequence[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """All warm-up conversations, shuffled with `seed` (same seed, same list)."""
+    """All warm-up conversations, shuffled with `seed` (same seed, same list).
+
+    `qa_root_only_records` give their root conversation only (no clone, drill or monolithic one):
+    more practice at the root's key copying, the QA skill the tiny model learns last, without
+    growing the QA share of clone reading that costs the warm-up its arithmetic."""
     config = config or TeacherConfig()
     rng = random.Random(seed)
     conversations: list[dict[str, Any]] = []
@@ -318,5 +339,8 @@ def build_warmup_conversations(
         conversations.extend(arithmetic_conversations(record["expr"], rng, config))
     for record in qa_records:
         conversations.extend(qa_conversations(record, rng, config))
+    for record in qa_root_only_records:
+        if _teachable_qa_record(record):
+            conversations.append(qa_root_conversation(record, rng, config))
     rng.shuffle(conversations)
     return conversations
