@@ -5,9 +5,10 @@
 For choosing warm-up settings without looking at the claim splits:
 - QA delegation on `data/qa/validation.jsonl` (greedy, budget 128): accuracy, and how often the
   root's first spawn hands the clone the first hop's paragraph key, and a later spawn the second's;
-- monolithic arithmetic on 96 train records that GRPO's seeded sample leaves out (the warm-up saw
-  them, so this measures how well it kept the skill, not generalisation).
-Prints one JSON line per checkpoint.
+- arithmetic on 96 train records that GRPO's seeded sample leaves out (the warm-up saw them, so
+  this measures how well it kept the skill, not generalisation): monolithic by default, or with
+  the spawn tool (`--arithmetic-mode delegate`, how a GRPO checkpoint is evaluated as `selfcest`).
+Prints one JSON line per checkpoint, with mean generated tokens per problem beside each accuracy.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from selfcest.engine import TransformersEngine
 from selfcest.evaluation import (
     Evaluator,
     MethodSpec,
+    ProblemResult,
     load_problems,
     problem_from_record,
     runtime_config_from_params,
@@ -51,6 +53,10 @@ def hop_keys_copied(episode: Episode, hops: list[dict]) -> tuple[bool, bool]:
     )
 
 
+def mean_generated(results: list[ProblemResult]) -> float:
+    return sum(r.generated_tokens for r in results) / len(results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkpoints", nargs="+")
@@ -59,6 +65,7 @@ def main() -> None:
     parser.add_argument("--arithmetic-budget", type=int, default=256)
     parser.add_argument("--arithmetic-problems", type=int, default=96)
     parser.add_argument("--arithmetic-seed", type=int, default=7, help="draw of the arithmetic records")
+    parser.add_argument("--arithmetic-mode", choices=["monolithic", "delegate"], default="monolithic")
     args = parser.parse_args()
     torch.set_num_threads(1)
     params = load_params(Path(args.params))
@@ -84,7 +91,9 @@ def main() -> None:
         )
         qa_results, _ = evaluator.run(MethodSpec("delegate", mode="delegate"), qa, args.qa_budget)
         keys = [hop_keys_copied(r.episodes[0], hops[r.problem_id]) for r in qa_results]
-        arithmetic_results, _ = evaluator.run(MethodSpec("monolithic"), arithmetic, args.arithmetic_budget)
+        arithmetic_results, _ = evaluator.run(
+            MethodSpec(args.arithmetic_mode, mode=args.arithmetic_mode), arithmetic, args.arithmetic_budget
+        )
         n_qa, n_arithmetic = len(qa_results), len(arithmetic_results)
         print(
             json.dumps(
@@ -93,8 +102,12 @@ def main() -> None:
                     "qa_validation_delegate_accuracy": sum(r.correct for r in qa_results) / n_qa,
                     "qa_first_key_copied": sum(first for first, _ in keys) / n_qa,
                     "qa_second_key_copied": sum(second for _, second in keys) / n_qa,
-                    "arithmetic_train_monolithic_accuracy": sum(r.correct for r in arithmetic_results)
+                    "qa_validation_generated_tokens": round(mean_generated(qa_results), 1),
+                    f"arithmetic_train_{args.arithmetic_mode}_accuracy": sum(
+                        r.correct for r in arithmetic_results
+                    )
                     / n_arithmetic,
+                    "arithmetic_train_generated_tokens": round(mean_generated(arithmetic_results), 1),
                     "qa_problems": n_qa,
                     "arithmetic_problems": n_arithmetic,
                 }
