@@ -1,0 +1,119 @@
+"""Benchmark: where a checkpoint's arithmetic stops generalising in length, off every test split.
+
+    python benchmarks/length_probe.py artifacts/warmup_model [--operators 3 5 7 8 9 10 12 14 18]
+
+Fresh sums and differences of single digits (the default profile's `tiny` generator, without
+parentheses), `--problems` per operator count, drawn with their own seed, so neither
+`arithmetic/test` nor `arithmetic/ood` is read. For each length it prints one JSON line:
+- `monolithic_accuracy`: the checkpoint without tools (the `base` method);
+- `delegate_accuracy` and `delegation_rate`: the checkpoint with the spawn tool (`prompted` for the
+  warm-up model, `selfcest` for a GRPO one), and how often its root spawned at all;
+- `exact_chunks`: of the delegating roots, the share whose first spawn's clone tasks, joined, give
+  back the expression exactly (no term lost, repeated or altered), which is what a root must do
+  before any clone can help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+from selfcest.data.arithmetic import ArithmeticConfig, generate_expression
+from selfcest.engine import TransformersEngine
+from selfcest.evaluation import (
+    Evaluator,
+    MethodSpec,
+    Problem,
+    ProblemResult,
+    problem_from_record,
+    runtime_config_from_params,
+)
+from selfcest.model import load_model
+from selfcest.prompts import arithmetic_question
+from selfcest.tokenizer import load_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from stages.common import load_params  # noqa: E402
+
+
+def probe_problems(num_operators: int, count: int, rng: random.Random) -> list[tuple[str, Problem]]:
+    config = ArithmeticConfig(
+        operator_weights={"+": 4.0, "-": 3.0, "*": 0.0},
+        operand_digits=(1, 1),
+        num_operators=(num_operators, num_operators),
+        paren_local_prob=0.0,
+        paren_max_pairs=0,
+        paren_wide_prob=0.0,
+    )
+    problems = []
+    for index in range(count):
+        expr, value = generate_expression(config, rng)
+        record = {"id": f"probe-{num_operators}-{index}", "expr": expr, "answer": value}
+        problems.append((expr, problem_from_record("arithmetic", record)))
+    return problems
+
+
+def first_spawn_is_exact(result: ProblemResult, expr: str) -> bool | None:
+    """None when the root never spawned; else whether its first spawn's tasks rebuild `expr`."""
+    clones = [agent for agent in result.episodes[0].agents if agent.role != "root"]
+    if not clones:
+        return None
+    first_turn = min(agent.spawn_turn for agent in clones)
+    prefix, suffix = arithmetic_question("\0").split("\0")
+    chunks = [
+        agent.task.removeprefix(prefix).removesuffix(suffix)
+        for agent in clones
+        if agent.spawn_turn == first_turn
+    ]
+    joined = "".join(chunks)
+    return joined in (expr, f"+{expr}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkpoint")
+    parser.add_argument("--params", default="params.yaml", help="runtime limits (the `runtime` group)")
+    parser.add_argument("--operators", type=int, nargs="+", default=[3, 5, 7, 8, 9, 10, 12, 14, 18])
+    parser.add_argument("--problems", type=int, default=48, help="per operator count")
+    parser.add_argument("--budget", type=int, default=512, help="tree-wide generated-token budget")
+    parser.add_argument("--seed", type=int, default=12345, help="draw of the probe expressions")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    params = load_params(Path(args.params))
+    tokenizer, model = load_tokenizer(args.checkpoint), load_model(args.checkpoint).eval()
+    evaluator = Evaluator(
+        TransformersEngine(model, tokenizer, max_batch_size=64), runtime_config_from_params(params["runtime"])
+    )
+    rng = random.Random(args.seed)
+    for num_operators in args.operators:
+        pairs = probe_problems(num_operators, args.problems, rng)
+        problems = [problem for _, problem in pairs]
+        monolithic, _ = evaluator.run(MethodSpec("monolithic"), problems, args.budget)
+        delegate, _ = evaluator.run(MethodSpec("delegate", mode="delegate"), problems, args.budget)
+        exact = [
+            first_spawn_is_exact(result, expr) for (expr, _), result in zip(pairs, delegate, strict=True)
+        ]
+        spawned = [flag for flag in exact if flag is not None]
+        count = len(problems)
+        print(
+            json.dumps(
+                {
+                    "operators": num_operators,
+                    "problems": count,
+                    "monolithic_accuracy": round(sum(r.correct for r in monolithic) / count, 3),
+                    "delegate_accuracy": round(sum(r.correct for r in delegate) / count, 3),
+                    "delegation_rate": round(len(spawned) / count, 3),
+                    "exact_chunks": round(sum(spawned) / len(spawned), 3) if spawned else None,
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
