@@ -70,7 +70,9 @@ def first_spawn_is_exact(result: ProblemResult, expr: str) -> bool | None:
         for agent in clones
         if agent.spawn_turn == first_turn
     ]
-    joined = "".join(chunks)
+    # A clone's task writes its first term unsigned when it is positive (`teachers.format_terms`),
+    # so a chunk that does not start with `-` continues the sum with a `+`.
+    joined = chunks[0] + "".join(chunk if chunk.startswith("-") else f"+{chunk}" for chunk in chunks[1:])
     return joined in (expr, f"+{expr}")
 
 
@@ -89,9 +91,9 @@ def main() -> None:
     evaluator = Evaluator(
         TransformersEngine(model, tokenizer, max_batch_size=64), runtime_config_from_params(params["runtime"])
     )
-    rng = random.Random(args.seed)
     for num_operators in args.operators:
-        pairs = probe_problems(num_operators, args.problems, rng)
+        # One draw per length, so a length's problems do not depend on which others are listed.
+        pairs = probe_problems(num_operators, args.problems, random.Random(args.seed * 1000 + num_operators))
         problems = [problem for _, problem in pairs]
         monolithic, _ = evaluator.run(MethodSpec("monolithic"), problems, args.budget)
         delegate, _ = evaluator.run(MethodSpec("delegate", mode="delegate"), problems, args.budget)
