@@ -2,15 +2,17 @@
 
     python benchmarks/length_probe.py artifacts/warmup_model [--operators 3 5 7 8 9 10 12 14 18]
 
-Fresh sums and differences of single digits (the default profile's `tiny` generator, without
-parentheses), `--problems` per operator count, drawn with their own seed, so neither
+Fresh expressions from the active arithmetic profile's generator in `params.yaml` (the default
+`tiny`: sums and differences of single digits), with the operator count set to each length,
+`--problems` per length, drawn with their own seed, so neither
 `arithmetic/test` nor `arithmetic/ood` is read. For each length it prints one JSON line:
 - `monolithic_accuracy`: the checkpoint without tools (the `base` method);
 - `delegate_accuracy` and `delegation_rate`: the checkpoint with the spawn tool (`prompted` for the
   warm-up model, `selfcest` for a GRPO one), and how often its root spawned at all;
 - `exact_chunks`: of the delegating roots, the share whose first spawn's clone tasks, joined, give
   back the expression exactly (no term lost, repeated or altered), which is what a root must do
-  before any clone can help.
+  before any clone can help. Defined for sums and differences, the only expressions the warm-up
+  teaches roots to chunk.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from selfcest.data.arithmetic import ArithmeticConfig, generate_expression
+from selfcest.data.arithmetic import ArithmeticConfig, config_from_mapping, generate_expression
 from selfcest.engine import TransformersEngine
 from selfcest.evaluation import (
     Evaluator,
@@ -41,15 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stages.common import load_params  # noqa: E402
 
 
-def probe_problems(num_operators: int, count: int, rng: random.Random) -> list[tuple[str, Problem]]:
-    config = ArithmeticConfig(
-        operator_weights={"+": 4.0, "-": 3.0, "*": 0.0},
-        operand_digits=(1, 1),
-        num_operators=(num_operators, num_operators),
-        paren_local_prob=0.0,
-        paren_max_pairs=0,
-        paren_wide_prob=0.0,
-    )
+def probe_problems(
+    generator: ArithmeticConfig, num_operators: int, count: int, rng: random.Random
+) -> list[tuple[str, Problem]]:
+    config = config_from_mapping({"num_operators": (num_operators, num_operators)}, generator)
     problems = []
     for index in range(count):
         expr, value = generate_expression(config, rng)
@@ -79,7 +76,9 @@ def first_spawn_is_exact(result: ProblemResult, expr: str) -> bool | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint")
-    parser.add_argument("--params", default="params.yaml", help="runtime limits (the `runtime` group)")
+    parser.add_argument(
+        "--params", default="params.yaml", help="the `runtime` limits and the arithmetic generator"
+    )
     parser.add_argument("--operators", type=int, nargs="+", default=[3, 5, 7, 8, 9, 10, 12, 14, 18])
     parser.add_argument("--problems", type=int, default=48, help="per operator count")
     parser.add_argument("--budget", type=int, default=512, help="tree-wide generated-token budget")
@@ -87,13 +86,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     params = load_params(Path(args.params))
+    arithmetic = params["arithmetic"]
+    # The profile's own generator settings, as stages/generate_arithmetic.py reads them.
+    generator = config_from_mapping(arithmetic["profiles"][arithmetic["profile"]].get("generator") or {})
     tokenizer, model = load_tokenizer(args.checkpoint), load_model(args.checkpoint).eval()
     evaluator = Evaluator(
         TransformersEngine(model, tokenizer, max_batch_size=64), runtime_config_from_params(params["runtime"])
     )
     for num_operators in args.operators:
         # One draw per length, so a length's problems do not depend on which others are listed.
-        pairs = probe_problems(num_operators, args.problems, random.Random(args.seed * 1000 + num_operators))
+        pairs = probe_problems(
+            generator, num_operators, args.problems, random.Random(args.seed * 1000 + num_operators)
+        )
         problems = [problem for _, problem in pairs]
         monolithic, _ = evaluator.run(MethodSpec("monolithic"), problems, args.budget)
         delegate, _ = evaluator.run(MethodSpec("delegate", mode="delegate"), problems, args.budget)
