@@ -26,6 +26,18 @@ def corpus_from_files(paths: list[str]) -> Iterator[str]:
                 yield from _strings(json.loads(line))
 
 
+def qa_hops_from_files(paths: list[str]) -> list[tuple[str, str]]:
+    """(paragraph key, question) of every hop of the QA records in `paths` (records without hops give none)."""
+    hops = []
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    hops += [(hop["paragraph_key"], hop["question"]) for hop in record.get("hops") or []]
+    return hops
+
+
 def _strings(value: object) -> Iterator[str]:
     if isinstance(value, str):
         yield value
@@ -55,8 +67,9 @@ def main() -> None:
         tokenizer = load_tokenizer(out)
         write_json(args.report, {"init_from": str(init_from), "vocab_size": len(tokenizer)})
         return
-    texts = list(protocol_corpus(seed=params["seed"]))
-    texts += list(corpus_from_files(params["tokenizer"].get("corpus_files", [])))
+    corpus_files = params["tokenizer"].get("corpus_files", [])
+    texts = list(protocol_corpus(seed=params["seed"], qa_hops=qa_hops_from_files(corpus_files)))
+    texts += list(corpus_from_files(corpus_files))
     corpus_hash = hashlib.sha256("\n".join(texts).encode()).hexdigest()
     tokenizer = train_tokenizer(
         texts,

@@ -43,6 +43,26 @@ def test_tokenizer_keeps_frequent_names_whole_wherever_they_stand() -> None:
         assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
 
 
+def test_tokenizer_merges_the_qa_call_boilerplate_that_follows_the_tool_tag() -> None:
+    """Merges are learned as encoding will apply them: after `<tool_call>` is cut out as an added token.
+
+    Trained on the raw text, BPE merged across the tag, and the JSON that opens a QA call stayed in
+    five pieces however often the corpus repeated it."""
+    from selfcest.tokenizer import train_tokenizer
+    from selfcest.tokenizer_corpus import protocol_corpus
+
+    hops = [("Tolo", "Who founded Tolo?"), ("Rasu", "In which city was Rasu born?")]
+    tokenizer = train_tokenizer(protocol_corpus(seed=0, repeats=50, qa_hops=hops), vocab_size=1500)
+    call = (
+        '<tool_call>\n{"name": "spawn_clone", "arguments": {"objectives": [{"context": ["Tolo"], '
+        '"task": "Who founded Tolo?", "max_tokens": 32}]}}\n</tool_call>'
+    )
+    pieces = [tokenizer.convert_tokens_to_string([p]) for p in tokenizer.tokenize(call)]
+    assert pieces[:3] == ["<tool_call>", '\n{"name": "spawn_clone", "arguments": {"objectives": [{"context": ["', "Tolo"]
+    assert '"], "task": "' in pieces and pieces[-1] == "</tool_call>"
+    assert tokenizer.decode(tokenizer.encode(call, add_special_tokens=False)) == call
+
+
 def test_chat_template_renders_hermes_tools_and_marks_assistant_tokens(tiny_tokenizer) -> None:
     call = (
         '<tool_call>\n{"name": "spawn_clone", "arguments": {"objectives": [{"task": "1+2"}]}}\n</tool_call>'

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -38,21 +38,49 @@ def rendered_system_turns() -> list[str]:
     return turns
 
 
-def protocol_corpus(*, seed: int, repeats: int = 200) -> Iterator[str]:
-    """Texts that every conversation contains, repeated so that BPE merges them into few tokens."""
+# Stand-in (context key, question) pairs for QA-shaped calls when the caller has no QA records.
+_FALLBACK_QA_HOPS = (("Example", "Who founded Example?"), ("Sample", "In which city was Sample born?"))
+
+
+def protocol_corpus(
+    *, seed: int, repeats: int = 200, qa_hops: Sequence[tuple[str, str]] = ()
+) -> Iterator[str]:
+    """Texts that every conversation contains, repeated so that BPE merges them into few tokens.
+
+    Both shapes of `spawn_clone` call the roots write: arithmetic (a task per clone) and QA (context
+    keys, then the task). `qa_hops` gives the (paragraph key, question) pairs the QA calls are built
+    from (the QA train records' hops; a stand-in pair when empty). Why QA calls too: without them the
+    QA call's boilerplate (`{"context": ["`, `"], "task": "`, ...) was left in small pieces, 28 tokens
+    per one-clone call of which ~20 were JSON, so a two-hop delegation (~78 generated tokens) could
+    not fit the smallest QA budget (64) that a monolithic answer fits.
+    """
     rng = random.Random(seed)
+    hops = list(qa_hops) or list(_FALLBACK_QA_HOPS)
     fixed = [*SYSTEM_PROMPTS, *rendered_system_turns(), CHAT_TEMPLATE]
     for _ in range(repeats):
         yield from fixed
-        objectives = [
+        objectives: list[dict[str, object]] = [
             {
                 "task": f"Calculate the value of {rng.randint(0, 99)}+{rng.randint(0, 99)}.",
                 "max_tokens": rng.randint(8, 96),
             }
             for _ in range(rng.randint(1, 4))
         ]
-        call = {"name": "spawn_clone", "arguments": {"objectives": objectives}}
-        yield f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        yield _spawn_call_text(objectives)
         yield "\n".join(f"turn1_clone{i}: {rng.randint(-99, 999)}" for i in range(len(objectives)))
         yield f"Answer: {rng.randint(-999, 999)}"
         yield "Answer: failed (no information)"
+        # QA: one clone per hop, handed the hop's paragraph key (sometimes a second one) before its task.
+        for num_keys in (1, 2):
+            key, question = rng.choice(hops)
+            keys = [key, *(rng.choice(hops)[0] for _ in range(num_keys - 1))]
+            yield _spawn_call_text(
+                [{"context": keys, "task": question, "max_tokens": rng.choice((24, 32, 48))}]
+            )
+            yield f"turn{num_keys}_clone0: {rng.choice(hops)[0]}"
+
+
+def _spawn_call_text(objectives: list[dict[str, object]]) -> str:
+    """A root's `spawn_clone` call as the teachers write it (`teachers.spawn_call`)."""
+    call = {"name": "spawn_clone", "arguments": {"objectives": objectives}}
+    return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
