@@ -58,7 +58,11 @@ def test_tokenizer_merges_the_qa_call_boilerplate_that_follows_the_tool_tag() ->
         '"task": "Who founded Tolo?", "max_tokens": 32}]}}\n</tool_call>'
     )
     pieces = [tokenizer.convert_tokens_to_string([p]) for p in tokenizer.tokenize(call)]
-    assert pieces[:3] == ["<tool_call>", '\n{"name": "spawn_clone", "arguments": {"objectives": [{"context": ["', "Tolo"]
+    assert pieces[:3] == [
+        "<tool_call>",
+        '\n{"name": "spawn_clone", "arguments": {"objectives": [{"context": ["',
+        "Tolo",
+    ]
     assert '"], "task": "' in pieces and pieces[-1] == "</tool_call>"
     assert tokenizer.decode(tokenizer.encode(call, add_special_tokens=False)) == call
 
