@@ -50,10 +50,9 @@ def protocol_corpus(
     Both shapes of `spawn_clone` call the roots write: arithmetic (a task per clone) and QA (context
     keys, then the task). `qa_hops` gives the (paragraph key, question) pairs the QA calls are built
     from (the QA train records' hops; a stand-in pair when empty). Why QA calls too: without them the
-    QA call's boilerplate (`{"context": ["`, `"], "task": "`, ...) was left in small pieces, 28 tokens
-    per one-clone call of which ~20 were JSON, so a two-hop delegation (~78 generated tokens) could
-    not fit the smallest QA budget (64) that a monolithic answer fits.
-    """
+    QA call's boilerplate (`{"context": ["`, `"], "task": "`, ...) was left in small pieces: a one-clone
+    call was 27 tokens (12 with them, measured on a `qa/validation` call), so a two-hop delegation
+    (~78 generated tokens; ~49 with them) could not fit the smallest QA budget (64)."""
     rng = random.Random(seed)
     hops = list(qa_hops) or list(_FALLBACK_QA_HOPS)
     fixed = [*SYSTEM_PROMPTS, *rendered_system_turns(), CHAT_TEMPLATE]
