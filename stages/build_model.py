@@ -18,24 +18,20 @@ from selfcest.tokenizer_corpus import protocol_corpus
 from stages.common import load_params, setup_logging, write_json
 
 
-def corpus_from_files(paths: list[str]) -> Iterator[str]:
-    """Every string value of every JSON line in `paths` (task text: prompts, paragraphs, answers)."""
-    for path in paths:
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                yield from _strings(json.loads(line))
-
-
-def qa_hops_from_files(paths: list[str]) -> list[tuple[str, str]]:
-    """(paragraph key, question) of every hop of the QA records in `paths` (records without hops give none)."""
-    hops = []
+def read_corpus_files(paths: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """One pass over the JSONL files in `paths`: every string value of every record (task text:
+    prompts, paragraphs, answers), and the (paragraph key, question) of every hop of the QA records
+    (records without hops give none), which the protocol corpus builds its QA calls from."""
+    strings: list[str] = []
+    hops: list[tuple[str, str]] = []
     for path in paths:
         with open(path, encoding="utf-8") as handle:
             for line in handle:
                 record = json.loads(line)
+                strings += _strings(record)
                 if isinstance(record, dict):
                     hops += [(hop["paragraph_key"], hop["question"]) for hop in record.get("hops") or []]
-    return hops
+    return strings, hops
 
 
 def _strings(value: object) -> Iterator[str]:
@@ -68,8 +64,8 @@ def main() -> None:
         write_json(args.report, {"init_from": str(init_from), "vocab_size": len(tokenizer)})
         return
     corpus_files = params["tokenizer"].get("corpus_files", [])
-    texts = list(protocol_corpus(seed=params["seed"], qa_hops=qa_hops_from_files(corpus_files)))
-    texts += list(corpus_from_files(corpus_files))
+    file_texts, qa_hops = read_corpus_files(corpus_files)
+    texts = [*protocol_corpus(seed=params["seed"], qa_hops=qa_hops), *file_texts]
     corpus_hash = hashlib.sha256("\n".join(texts).encode()).hexdigest()
     tokenizer = train_tokenizer(
         texts,

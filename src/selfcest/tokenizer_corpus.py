@@ -5,7 +5,6 @@ The data stages add the task text itself (arithmetic prompts, QA paragraphs) fro
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator, Sequence
 
@@ -18,6 +17,7 @@ from selfcest.prompts import (
     SPAWN_CLONE_TOOL,
     THINKING_SYSTEM_PROMPT,
 )
+from selfcest.teachers import spawn_call
 from selfcest.tokenizer import CHAT_TEMPLATE
 
 SYSTEM_PROMPTS = (ROOT_SYSTEM_PROMPT, CLONE_SYSTEM_PROMPT, MONOLITHIC_SYSTEM_PROMPT, THINKING_SYSTEM_PROMPT)
@@ -65,21 +65,14 @@ def protocol_corpus(
             }
             for _ in range(rng.randint(1, 4))
         ]
-        yield _spawn_call_text(objectives)
+        yield spawn_call(objectives)
         yield "\n".join(f"turn1_clone{i}: {rng.randint(-99, 999)}" for i in range(len(objectives)))
         yield f"Answer: {rng.randint(-999, 999)}"
         yield "Answer: failed (no information)"
-        # QA: one clone per hop, handed the hop's paragraph key (sometimes a second one) before its task.
-        for num_keys in (1, 2):
+        # QA: a two-hop question's two turns, one clone per hop handed the hop's paragraph key before
+        # its task; the second turn's clone also gets an extra key, as some teacher calls do.
+        for turn, num_keys in ((1, 1), (2, 2)):
             key, question = rng.choice(hops)
             keys = [key, *(rng.choice(hops)[0] for _ in range(num_keys - 1))]
-            yield _spawn_call_text(
-                [{"context": keys, "task": question, "max_tokens": rng.choice((24, 32, 48))}]
-            )
-            yield f"turn{num_keys}_clone0: {rng.choice(hops)[0]}"
-
-
-def _spawn_call_text(objectives: list[dict[str, object]]) -> str:
-    """A root's `spawn_clone` call as the teachers write it (`teachers.spawn_call`)."""
-    call = {"name": "spawn_clone", "arguments": {"objectives": objectives}}
-    return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+            yield spawn_call([{"context": keys, "task": question, "max_tokens": rng.choice((24, 32, 48))}])
+            yield f"turn{turn}_clone0: {rng.choice(hops)[0]}"
