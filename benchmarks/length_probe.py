@@ -83,13 +83,14 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=48, help="per operator count")
     parser.add_argument("--budget", type=int, default=512, help="tree-wide generated-token budget")
     parser.add_argument("--seed", type=int, default=12345, help="draw of the probe expressions")
+    parser.add_argument("--device", default="cpu", help="where the checkpoint runs (cpu, cuda)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     params = load_params(Path(args.params))
     arithmetic = params["arithmetic"]
     # The profile's own generator settings, as stages/generate_arithmetic.py reads them.
     generator = config_from_mapping(arithmetic["profiles"][arithmetic["profile"]].get("generator") or {})
-    tokenizer, model = load_tokenizer(args.checkpoint), load_model(args.checkpoint).eval()
+    tokenizer, model = load_tokenizer(args.checkpoint), load_model(args.checkpoint, device=args.device).eval()
     evaluator = Evaluator(
         TransformersEngine(model, tokenizer, max_batch_size=64), runtime_config_from_params(params["runtime"])
     )

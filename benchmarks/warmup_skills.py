@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--arithmetic-problems", type=int, default=96)
     parser.add_argument("--arithmetic-seed", type=int, default=7, help="draw of the arithmetic records")
     parser.add_argument("--arithmetic-mode", choices=["monolithic", "delegate"], default="monolithic")
+    parser.add_argument("--device", default="cpu", help="where the checkpoint runs (cpu, cuda)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     params = load_params(Path(args.params))
@@ -85,7 +86,7 @@ def main() -> None:
     ]
     runtime = runtime_config_from_params(params["runtime"])
     for checkpoint in args.checkpoints:
-        tokenizer, model = load_tokenizer(checkpoint), load_model(checkpoint).eval()
+        tokenizer, model = load_tokenizer(checkpoint), load_model(checkpoint, device=args.device).eval()
         evaluator = Evaluator(
             TransformersEngine(model, tokenizer, max_batch_size=64), runtime, seed=params["seed"]
         )

@@ -25,6 +25,10 @@ class TinyModelConfig:
     max_position_embeddings: int = 1024
     """Longest sequence the rotary embedding is set up for (not the length it was trained on)."""
     rope_theta: float = 10000.0
+    position_encoding: str = "rope"
+    """`rope` (Qwen3's rotary embedding) or `none` (NoPE: causal attention alone tells positions
+    apart, which generalises past the training lengths better than RoPE in small decoder-only
+    models on arithmetic and copying; Kazemnejad et al. 2023)."""
     tie_word_embeddings: bool = True
     """Tied input/output embeddings keep the parameter count small."""
 
@@ -34,6 +38,7 @@ def build_tiny_model(
 ) -> PreTrainedModel:
     """A randomly initialised Qwen3ForCausalLM sized by `config`, matched to `tokenizer`'s vocabulary."""
     qwen_config = Qwen3Config(
+        rope_parameters=_rope_parameters(config),
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -42,7 +47,6 @@ def build_tiny_model(
         num_key_value_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
         max_position_embeddings=config.max_position_embeddings,
-        rope_theta=config.rope_theta,
         tie_word_embeddings=config.tie_word_embeddings,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
@@ -57,6 +61,21 @@ def build_tiny_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
     return model
+
+
+# Qwen3 has no switch to turn the rotary embedding off. Linear position interpolation divides every
+# position by `factor`; at 1e9 the largest rotation angle (position 1023, frequency 1) is ~1e-6 rad,
+# so cos = 1 and sin = 0 in float32: queries and keys pass through unrotated (NoPE). Kept in the
+# saved config, so every loader (transformers, TRL, vLLM) builds the same model without extra code.
+_NOPE_INTERPOLATION_FACTOR = 1e9
+
+
+def _rope_parameters(config: TinyModelConfig) -> dict[str, object]:
+    if config.position_encoding == "rope":
+        return {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.position_encoding == "none":
+        return {"rope_type": "linear", "factor": _NOPE_INTERPOLATION_FACTOR, "rope_theta": config.rope_theta}
+    raise ValueError(f"model.position_encoding must be 'rope' or 'none', got {config.position_encoding!r}")
 
 
 def load_model(
