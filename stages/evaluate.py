@@ -55,6 +55,29 @@ def gzip_writer(path: Path) -> io.TextIOWrapper:
     return io.TextIOWrapper(gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0), encoding="utf-8")
 
 
+def build_engine(sweep: dict[str, Any], checkpoint: Path) -> tuple[Any, str]:
+    """The cell's generation engine and where it runs, from `eval.sweep`: `engine: transformers`
+    (batched `generate`, on `device`) or `engine: vllm` (paper profile, GPU; `eval.sweep.vllm` is
+    passed to `vllm.LLM`)."""
+    import torch
+
+    from selfcest.engine import TransformersEngine, VLLMEngine
+    from selfcest.model import load_model
+    from selfcest.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(checkpoint)
+    name = sweep.get("engine") or "transformers"
+    if name == "vllm":
+        return VLLMEngine(str(checkpoint), tokenizer, **dict(sweep.get("vllm") or {})), "cuda"
+    if name != "transformers":
+        raise ValueError(f"eval.sweep.engine must be 'transformers' or 'vllm', got {name!r}")
+    device = sweep.get("device") or "auto"
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = load_model(checkpoint, device=device)
+    return TransformersEngine(model, tokenizer, max_batch_size=int(sweep.get("batch_size", 64))), device
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", required=True, choices=["arithmetic", "qa", "math"])
@@ -96,18 +119,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if threads:
         torch.set_num_threads(threads)
-    from selfcest.engine import TransformersEngine
     from selfcest.evaluation import runtime_config_from_params
-    from selfcest.model import load_model
-    from selfcest.tokenizer import load_tokenizer
 
     imported = time.perf_counter()
-    device = sweep.get("device") or "auto"
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    tokenizer = load_tokenizer(checkpoint)
-    model = load_model(checkpoint, device=device)
-    engine = TransformersEngine(model, tokenizer, max_batch_size=int(sweep.get("batch_size", 64)))
+    engine, device = build_engine(sweep, checkpoint)
     loaded = time.perf_counter()
 
     seed = int(sweep.get("seed", params.get("seed", 0)))

@@ -515,3 +515,115 @@ def test_combined_costs_state_each_methods_rule() -> None:
     }
     with pytest.raises(ValueError):
         combined_costs([], "mean")
+
+
+def _stand_in_vllm(monkeypatch) -> list[dict[str, Any]]:
+    """A `vllm` module with the parts `VLLMEngine` uses (LLM, SamplingParams, inputs.TokensPrompt),
+    generating with `TransformersEngine` from vLLM's per-request settings. Returns the LLM kwargs seen."""
+    import sys
+    import types
+
+    from selfcest.engine import GenerationRequest, SamplingConfig, TransformersEngine
+    from selfcest.model import load_model
+    from selfcest.tokenizer import load_tokenizer
+
+    constructed: list[dict[str, Any]] = []
+
+    class LLM:
+        def __init__(self, model: str, tokenizer: str, **kwargs: Any) -> None:
+            constructed.append({"model": model, "tokenizer": tokenizer, **kwargs})
+            self.engine = TransformersEngine(load_model(model), load_tokenizer(tokenizer))
+
+        def generate(self, prompts: list[dict], params: list[types.SimpleNamespace], use_tqdm: bool):
+            outputs = []
+            for prompt, p in zip(prompts, params, strict=True):  # vLLM seeds each request on its own
+                request = GenerationRequest(prompt["prompt_token_ids"], p.max_tokens, tuple(p.stop or ()))
+                sampling = SamplingConfig(temperature=p.temperature, top_p=p.top_p, seed=p.seed)
+                [result] = self.engine.generate([request], sampling)
+                completion = types.SimpleNamespace(
+                    token_ids=tuple(result.token_ids),
+                    text=result.text,
+                    finish_reason=result.finish_reason,
+                    logprobs=None,
+                )
+                outputs.append(types.SimpleNamespace(outputs=[completion]))
+            return outputs
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = LLM
+    vllm.SamplingParams = lambda **kwargs: types.SimpleNamespace(**kwargs)
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    vllm.inputs = inputs
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    return constructed
+
+
+def test_eval_stage_on_the_vllm_engine_matches_transformers(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """`eval.sweep.engine: vllm` goes through `VLLMEngine`; greedy rows match the transformers engine's."""
+    from stages import evaluate
+
+    constructed = _stand_in_vllm(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "arithmetic").mkdir(parents=True)
+    (tmp_path / "data" / "arithmetic" / "test.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in arithmetic_records(4)), encoding="utf-8"
+    )
+    params_path = _stage_params(tmp_path, tiny_checkpoint)
+    params = yaml.safe_load(params_path.read_text(encoding="utf-8"))
+    params["eval"]["models"] = {
+        tiny_checkpoint.name: {"base": {"mode": "monolithic"}, "selfcest": {"mode": "delegate"}}
+    }
+    rows = {}
+    for engine in ("transformers", "vllm"):
+        params["eval"]["sweep"].update(engine=engine, vllm={"gpu_memory_utilization": 0.3})
+        params_path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+        out = tmp_path / engine
+        evaluate.main(
+            [
+                "--params",
+                str(params_path),
+                "--dataset",
+                "arithmetic",
+                "--split",
+                "test",
+                "--model",
+                tiny_checkpoint.name,
+                "--out",
+                str(out),
+            ]
+        )
+        payload = json.loads((out / "rows.json").read_text())
+        rows[engine] = [
+            {k: v for k, v in r.items() if k not in ("seconds", "latency_seconds")} for r in payload["rows"]
+        ]
+    assert constructed == [
+        {
+            "model": str(tiny_checkpoint),
+            "tokenizer": str(tiny_checkpoint),
+            "gpu_memory_utilization": 0.3,
+            "logprobs_mode": "processed_logprobs",
+        }
+    ]
+    assert rows["vllm"] == rows["transformers"] and len(rows["vllm"]) == 4
+    assert any(r["gen_tokens"] > 0 for r in rows["vllm"])
+    params["eval"]["sweep"]["engine"] = "sglang"
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    with pytest.raises(ValueError, match="eval.sweep.engine"):
+        evaluate.main(
+            [
+                "--params",
+                str(params_path),
+                "--dataset",
+                "arithmetic",
+                "--split",
+                "test",
+                "--model",
+                tiny_checkpoint.name,
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )

@@ -210,12 +210,16 @@ class TransformersEngine:
 class VLLMEngine:
     """The same interface on vLLM (paper profile, GPUs). Install with the `gpu` extra.
 
-    Not exercised by the CPU test suite: vLLM needs a GPU.
+    The CPU test suite checks this adapter against a stand-in `vllm` module that generates with
+    `TransformersEngine` (tests/test_evaluation.py); real vLLM needs a GPU.
     """
 
     def __init__(self, model_path: str, tokenizer: PreTrainedTokenizerBase, **llm_kwargs: object) -> None:
         from vllm import LLM  # imported lazily: vLLM is an optional GPU dependency
 
+        # vLLM returns the raw model's log-probabilities by default; `GenerationResult.logprobs` are
+        # those of the sampling distribution (after temperature), which is vLLM's processed mode.
+        llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         self.tokenizer = tokenizer
         self.llm = LLM(model=model_path, tokenizer=model_path, **llm_kwargs)
         self.stop_ids = stop_token_ids(tokenizer)
