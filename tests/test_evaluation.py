@@ -577,29 +577,18 @@ def test_eval_stage_on_the_vllm_engine_matches_transformers(
     params["eval"]["models"] = {
         tiny_checkpoint.name: {"base": {"mode": "monolithic"}, "selfcest": {"mode": "delegate"}}
     }
-    rows = {}
-    for engine in ("transformers", "vllm"):
+
+    def run_cell(engine: str, out: Path) -> list[dict[str, Any]]:
         params["eval"]["sweep"].update(engine=engine, vllm={"gpu_memory_utilization": 0.3})
         params_path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
-        out = tmp_path / engine
-        evaluate.main(
-            [
-                "--params",
-                str(params_path),
-                "--dataset",
-                "arithmetic",
-                "--split",
-                "test",
-                "--model",
-                tiny_checkpoint.name,
-                "--out",
-                str(out),
-            ]
-        )
+        cell = ["--dataset", "arithmetic", "--split", "test", "--model", tiny_checkpoint.name]
+        evaluate.main(["--params", str(params_path), *cell, "--out", str(out)])
         payload = json.loads((out / "rows.json").read_text())
-        rows[engine] = [
+        return [
             {k: v for k, v in r.items() if k not in ("seconds", "latency_seconds")} for r in payload["rows"]
         ]
+
+    rows = {engine: run_cell(engine, tmp_path / engine) for engine in ("transformers", "vllm")}
     assert constructed == [
         {
             "model": str(tiny_checkpoint),
@@ -610,20 +599,5 @@ def test_eval_stage_on_the_vllm_engine_matches_transformers(
     ]
     assert rows["vllm"] == rows["transformers"] and len(rows["vllm"]) == 4
     assert any(r["gen_tokens"] > 0 for r in rows["vllm"])
-    params["eval"]["sweep"]["engine"] = "sglang"
-    params_path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
     with pytest.raises(ValueError, match="eval.sweep.engine"):
-        evaluate.main(
-            [
-                "--params",
-                str(params_path),
-                "--dataset",
-                "arithmetic",
-                "--split",
-                "test",
-                "--model",
-                tiny_checkpoint.name,
-                "--out",
-                str(tmp_path / "x"),
-            ]
-        )
+        run_cell("sglang", tmp_path / "x")

@@ -106,27 +106,18 @@ def test_model_saves_and_loads_offline(tiny_checkpoint: Path, tmp_path: Path) ->
 def test_position_encoding_none_leaves_queries_and_keys_unrotated(tiny_tokenizer, tmp_path: Path) -> None:
     from selfcest.model import TinyModelConfig, build_tiny_model, load_model
 
-    shape = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=1024,
+    build_tiny_model(TinyModelConfig(position_encoding="none"), tiny_tokenizer, seed=0).save_pretrained(
+        tmp_path
     )
-    build_tiny_model(
-        TinyModelConfig(**shape, position_encoding="none"), tiny_tokenizer, seed=0
-    ).save_pretrained(tmp_path)
     model = load_model(tmp_path)  # the saved config alone must rebuild the same position scheme
     positions = torch.arange(1024)[None]
     cos, sin = model.model.rotary_emb(torch.zeros(1, 1024, 32), positions)
     assert torch.all(cos == 1.0) and sin.abs().max() < 1e-5
-    rope = build_tiny_model(TinyModelConfig(**shape), tiny_tokenizer, seed=0)
+    rope = build_tiny_model(TinyModelConfig(), tiny_tokenizer, seed=0)
     cos, sin = rope.model.rotary_emb(torch.zeros(1, 1024, 32), positions)
     assert sin.abs().max() > 0.5  # the default still rotates
     with pytest.raises(ValueError, match="position_encoding"):
-        build_tiny_model(TinyModelConfig(**shape, position_encoding="alibi"), tiny_tokenizer, seed=0)
+        build_tiny_model(TinyModelConfig(position_encoding="alibi"), tiny_tokenizer, seed=0)
 
 
 def test_build_model_stage(tmp_path: Path) -> None:
