@@ -104,7 +104,7 @@ def test_model_saves_and_loads_offline(tiny_checkpoint: Path, tmp_path: Path) ->
 
 
 def test_position_encoding_none_leaves_queries_and_keys_unrotated(tiny_tokenizer, tmp_path: Path) -> None:
-    from selfcest.model import TinyModelConfig, build_tiny_model, load_model
+    from selfcest.model import TinyModelConfig, build_tiny_model
 
     build_tiny_model(TinyModelConfig(position_encoding="none"), tiny_tokenizer, seed=0).save_pretrained(
         tmp_path
