@@ -65,12 +65,12 @@ def build_engine(sweep: dict[str, Any], checkpoint: Path) -> tuple[Any, str]:
     from selfcest.model import load_model
     from selfcest.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(checkpoint)
     name = sweep.get("engine") or "transformers"
+    if name not in ("transformers", "vllm"):  # refused before any file is read
+        raise ValueError(f"eval.sweep.engine must be 'transformers' or 'vllm', got {name!r}")
+    tokenizer = load_tokenizer(checkpoint)
     if name == "vllm":
         return VLLMEngine(str(checkpoint), tokenizer, **dict(sweep.get("vllm") or {})), "cuda"
-    if name != "transformers":
-        raise ValueError(f"eval.sweep.engine must be 'transformers' or 'vllm', got {name!r}")
     device = sweep.get("device") or "auto"
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -601,3 +601,5 @@ def test_eval_stage_on_the_vllm_engine_matches_transformers(
     assert any(r["gen_tokens"] > 0 for r in rows["vllm"])
     with pytest.raises(ValueError, match="eval.sweep.engine"):
         run_cell("sglang", tmp_path / "x")
+    with pytest.raises(ValueError, match="eval.sweep.engine"):  # before the checkpoint is opened
+        evaluate.build_engine({"engine": "sglang"}, tmp_path / "no-such-checkpoint")
