@@ -18,6 +18,7 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl import SFTConfig, SFTTrainer
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from selfcest.checkpoints import CsvLogCallback, prepare_run_dir
 
@@ -83,8 +84,13 @@ def run_warmup(
     run_dir: Path,
     run_fingerprint: str,
     log_csv: Path,
+    data_collator: DataCollatorForLanguageModeling | None = None,
 ) -> dict[str, float]:
-    """Train in place and return the final metrics; resumes a killed run from `run_dir`."""
+    """Train in place and return the final metrics; resumes a killed run from `run_dir`.
+
+    `data_collator` replaces TRL's default padding collator (a subclass of it, so that labels stay
+    masked as the dataset's `assistant_masks` say); `benchmarks/position_ids.py` passes one that
+    rewrites the position ids."""
     if config.threads:
         torch.set_num_threads(config.threads)
     resume = prepare_run_dir(run_dir, run_fingerprint)
@@ -121,6 +127,7 @@ def run_warmup(
         args=args,
         train_dataset=dataset.remove_columns(["kind"]),
         processing_class=tokenizer,
+        data_collator=data_collator,
         callbacks=[CsvLogCallback(log_csv, ["loss", "learning_rate", "grad_norm", "mean_token_accuracy"])],
     )
     result = trainer.train(resume_from_checkpoint=resume)

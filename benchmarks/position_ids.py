@@ -1,0 +1,185 @@
+"""Benchmark: does training on randomised position ids lengthen the tiny model's arithmetic?
+
+    python benchmarks/position_ids.py --scheme gaps --max-gap 2 --out /tmp/pos/gaps2
+    python benchmarks/length_probe.py /tmp/pos/gaps2/model      # greedy, contiguous positions
+
+An arithmetic-only warm-up (the `arithmetic` teachers of `params.yaml`'s `warmup.teacher`, every
+`data/arithmetic/train.jsonl` record, the warm-up's optimiser settings, `--steps` updates) from
+`artifacts/init_model`, with the position ids of every training row set by `--scheme`:
+- `contiguous`: 0, 1, 2, ... (what the pipeline does; the control);
+- `random`: a sorted random subset of [0, `--max-position`) (Ruoss et al. 2023, "Randomized
+  positional encodings boost length generalization of transformers");
+- `gaps`: a running sum of random gaps drawn from 1..`--max-gap`.
+Then, per operator count, on fresh expressions (their own seed; no test split is read), the share
+of monolithic and delegating-root teacher conversations whose every assistant token is the
+model's argmax, under each position scheme of `--eval-schemes` (`contiguous`, `strideK`: 0, K,
+2K, ..., `randomN`: a sorted random subset of [0, N)). Teacher-forced exactness needs no
+generation, so it shows at once which position scheme a checkpoint works under; the engines, GRPO
+and `length_probe.py` all use contiguous positions. A delegating root's teacher picks a chunk size
+and a budget at random, which a model cannot guess, so its exactness is a lower bound.
+Prints one JSON line per operator count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+from selfcest.data.arithmetic import config_from_mapping, generate_expression
+from selfcest.model import load_model
+from selfcest.teachers import TeacherConfig, arithmetic_conversations, build_warmup_conversations
+from selfcest.tokenizer import load_tokenizer
+from selfcest.warmup import WarmupConfig, run_warmup, tokenize_conversations
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from stages.common import load_params, read_jsonl  # noqa: E402
+
+
+def position_ids(
+    length: int, scheme: str, rng: random.Random, *, max_position: int, max_gap: int
+) -> list[int]:
+    if scheme == "contiguous":
+        return list(range(length))
+    if scheme == "random":
+        return sorted(rng.sample(range(max(max_position, length)), length))
+    if scheme == "gaps":
+        ids, position = [], 0
+        for _ in range(length):
+            ids.append(position)
+            position += rng.randint(1, max_gap)
+        return ids
+    if scheme.startswith("stride"):
+        return [i * int(scheme.removeprefix("stride")) for i in range(length)]
+    if scheme.startswith("random"):
+        return position_ids(length, "random", rng, max_position=int(scheme.removeprefix("random")), max_gap=1)
+    raise ValueError(f"unknown position scheme {scheme!r}")
+
+
+class PositionIdsCollator(DataCollatorForLanguageModeling):
+    """TRL's padding collator (labels, attention mask) with each row's position ids replaced."""
+
+    def __init__(self, pad_token_id: int, *, scheme: str, max_position: int, max_gap: int, seed: int) -> None:
+        super().__init__(pad_token_id=pad_token_id, return_position_ids=True)
+        self.scheme, self.max_position, self.max_gap = scheme, max_position, max_gap
+        self.rng = random.Random(seed)
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = super().torch_call(examples)
+        for row, mask in enumerate(batch["attention_mask"]):
+            length = int(mask.sum())  # right padding: the row's tokens come first
+            ids = position_ids(
+                length, self.scheme, self.rng, max_position=self.max_position, max_gap=self.max_gap
+            )
+            batch["position_ids"][row, :length] = torch.tensor(ids)
+        return batch
+
+
+@torch.no_grad()
+def teacher_forced_exactness(
+    model: Any, tokenizer: Any, conversations: list[dict[str, Any]], scheme: str, *, max_position: int
+) -> dict[str, float]:
+    rng = random.Random(0)
+    exact: dict[str, list[bool]] = {}
+    dataset = tokenize_conversations(conversations, tokenizer, max_length=4096)
+    for ids, mask, kind in zip(
+        dataset["input_ids"], dataset["assistant_masks"], dataset["kind"], strict=True
+    ):
+        tokens = torch.tensor([ids])
+        positions = torch.tensor([position_ids(len(ids), scheme, rng, max_position=max_position, max_gap=1)])
+        # The attention mask matters: without one, transformers reads non-consecutive position ids
+        # as packed sequences and lets every token attend to itself only.
+        logits = model(
+            input_ids=tokens, attention_mask=torch.ones_like(tokens), position_ids=positions
+        ).logits[0]
+        scored = torch.tensor(mask[1:], dtype=torch.bool)
+        exact.setdefault(kind, []).append(
+            bool((logits[:-1].argmax(-1)[scored] == tokens[0, 1:][scored]).all())
+        )
+    return {kind.removeprefix("arith_"): round(sum(v) / len(v), 3) for kind, v in sorted(exact.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scheme", choices=["contiguous", "random", "gaps"], required=True)
+    parser.add_argument("--max-position", type=int, default=1024, help="range of `random` position ids")
+    parser.add_argument("--max-gap", type=int, default=2, help="largest gap of `gaps` position ids")
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--out", type=Path, required=True, help="the run's checkpoints and its final model")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--init", default="artifacts/init_model")
+    parser.add_argument("--arithmetic", default="data/arithmetic/train.jsonl")
+    parser.add_argument("--operators", type=int, nargs="+", default=[5, 7, 8, 10, 12, 14])
+    parser.add_argument("--conversations", type=int, default=80, help="per operator count and kind pair")
+    parser.add_argument("--eval-schemes", nargs="+", default=["contiguous", "stride2", "random1024"])
+    args = parser.parse_args()
+    params = load_params(args.params)
+    warmup = dict(params["warmup"])
+    teacher = TeacherConfig(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in warmup["teacher"].items()}
+    )
+    config = WarmupConfig(
+        max_steps=args.steps,
+        learning_rate=warmup["learning_rate"],
+        warmup_ratio=warmup["warmup_ratio"],
+        batch_size=warmup["batch_size"],
+        max_length=warmup["max_length"],
+        logging_steps=warmup["logging_steps"],
+        save_steps=warmup["save_steps"],
+        seed=params["seed"],
+    )
+    tokenizer, model = load_tokenizer(args.init), load_model(args.init, dtype="float32")
+    conversations = build_warmup_conversations(
+        read_jsonl(args.arithmetic), [], seed=params["seed"], config=teacher
+    )
+    collator = PositionIdsCollator(
+        tokenizer.pad_token_id,
+        scheme=args.scheme,
+        max_position=args.max_position,
+        max_gap=args.max_gap,
+        seed=params["seed"],
+    )
+    metrics = run_warmup(
+        model,
+        tokenizer,
+        tokenize_conversations(conversations, tokenizer, config.max_length),
+        config,
+        run_dir=args.out / "run",
+        run_fingerprint=json.dumps(vars(args), default=str),
+        log_csv=args.out / "log.csv",
+        data_collator=collator,
+    )
+    model.save_pretrained(args.out / "model")
+    tokenizer.save_pretrained(args.out / "model")
+    print(json.dumps({"scheme": args.scheme, **metrics}), flush=True)
+    model.eval()
+    arithmetic = params["arithmetic"]
+    generator = config_from_mapping(arithmetic["profiles"][arithmetic["profile"]].get("generator") or {})
+    # Every root delegates and no thinking row: the two kinds whose length limit is in question.
+    probe_teacher = TeacherConfig(**{**vars(teacher), "direct_root_fraction": 0.0, "thinking_fraction": 0.0})
+    for num_operators in args.operators:
+        rng = random.Random(num_operators)
+        expressions = config_from_mapping({"num_operators": (num_operators, num_operators)}, generator)
+        probe: list[dict[str, Any]] = []
+        for _ in range(args.conversations):
+            expr, _ = generate_expression(expressions, rng)
+            probe.extend(
+                c
+                for c in arithmetic_conversations(expr, rng, probe_teacher)
+                if c["kind"] in ("arith_mono", "arith_root_delegate")
+            )
+        result = {
+            scheme: teacher_forced_exactness(model, tokenizer, probe, scheme, max_position=args.max_position)
+            for scheme in args.eval_schemes
+        }
+        print(json.dumps({"operators": num_operators, **result}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The supervised warm-up trains on assistant tokens only, through a replaceable collator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+from selfcest.model import load_model
+from selfcest.teachers import build_warmup_conversations
+from selfcest.warmup import WarmupConfig, run_warmup, tokenize_conversations
+
+
+class RecordingCollator(DataCollatorForLanguageModeling):
+    """TRL's collator, keeping every batch it builds."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        super().__init__(pad_token_id=pad_token_id, return_position_ids=True)
+        self.batches: list[dict[str, Any]] = []
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = super().torch_call(examples)
+        batch["position_ids"] = batch["position_ids"] * 2  # what a position-id scheme would rewrite
+        self.batches.append(batch)
+        return batch
+
+
+def test_warmup_trains_through_the_given_collator_on_assistant_tokens_only(
+    tiny_checkpoint: Path, tiny_tokenizer, tmp_path: Path
+) -> None:
+    conversations = build_warmup_conversations([{"expr": "3+4-2"}, {"expr": "5-1+7+2"}], [], seed=0)
+    dataset = tokenize_conversations(conversations, tiny_tokenizer, max_length=512)
+    model = load_model(tiny_checkpoint, dtype="float32")
+    before = [p.detach().clone() for p in model.parameters()]
+    collator = RecordingCollator(tiny_tokenizer.pad_token_id)
+    metrics = run_warmup(
+        model,
+        tiny_tokenizer,
+        dataset,
+        WarmupConfig(max_steps=2, batch_size=2, logging_steps=1, save_steps=100),
+        run_dir=tmp_path / "run",
+        run_fingerprint="test",
+        log_csv=tmp_path / "log.csv",
+        data_collator=collator,
+    )
+    assert metrics["steps"] == 2 and len(collator.batches) >= 2
+    assistant = {
+        tuple(ids): mask for ids, mask in zip(dataset["input_ids"], dataset["assistant_masks"], strict=True)
+    }
+    for batch in collator.batches:
+        for ids, labels, attention in zip(
+            batch["input_ids"], batch["labels"], batch["attention_mask"], strict=True
+        ):
+            length = int(attention.sum())
+            mask = torch.tensor(assistant[tuple(ids[:length].tolist())], dtype=torch.bool)
+            # Loss only on the assistant's tokens: prompts, tool replies and padding are -100.
+            assert torch.equal(labels[:length] != -100, mask) and (labels[length:] == -100).all()
+        assert batch["position_ids"][0, 1] == 2  # the collator's batch is the one trained on
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
