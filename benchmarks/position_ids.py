@@ -1,23 +1,24 @@
 """Benchmark: does training on randomised position ids lengthen the tiny model's arithmetic?
 
-    python benchmarks/position_ids.py --scheme gaps --max-gap 2 --out /tmp/pos/gaps2
+    python benchmarks/position_ids.py --scheme gaps2 --out /tmp/pos/gaps2
     python benchmarks/length_probe.py /tmp/pos/gaps2/model      # greedy, contiguous positions
 
 An arithmetic-only warm-up (the `arithmetic` teachers of `params.yaml`'s `warmup.teacher`, every
 `data/arithmetic/train.jsonl` record, the warm-up's optimiser settings, `--steps` updates) from
 `artifacts/init_model`, with the position ids of every training row set by `--scheme`:
 - `contiguous`: 0, 1, 2, ... (what the pipeline does; the control);
-- `random`: a sorted random subset of [0, `--max-position`) (Ruoss et al. 2023, "Randomized
-  positional encodings boost length generalization of transformers");
-- `gaps`: a running sum of random gaps drawn from 1..`--max-gap`.
+- `randomN`: a sorted random subset of [0, N) (Ruoss et al. 2023, "Randomized positional
+  encodings boost length generalization of transformers"), e.g. `random1024`;
+- `gapsK`: a running sum of random gaps drawn from 1..K, e.g. `gaps2`;
+- `strideK`: 0, K, 2K, ...
 Then, per operator count, on fresh expressions (their own seed; no test split is read), the share
 of monolithic and delegating-root teacher conversations whose every assistant token is the
-model's argmax, under each position scheme of `--eval-schemes` (`contiguous`, `strideK`: 0, K,
-2K, ..., `randomN`: a sorted random subset of [0, N)). Teacher-forced exactness needs no
-generation, so it shows at once which position scheme a checkpoint works under; the engines, GRPO
-and `length_probe.py` all use contiguous positions. A delegating root's teacher picks a chunk size
+model's argmax, under each position scheme of `--eval-schemes` (the same names). Teacher-forced
+exactness needs no generation, so it shows at once which position scheme a checkpoint works
+under; the engines, GRPO and `length_probe.py` all use contiguous positions. A delegating root's teacher picks a chunk size
 and a budget at random, which a model cannot guess, so its exactness is a lower bound.
-Prints one JSON line per operator count.
+Prints one JSON line per operator count. Run again with other `--eval-schemes` and the same
+`--out`, it resumes the finished training run and only measures.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+from selfcest.checkpoints import fingerprint
 from selfcest.data.arithmetic import config_from_mapping, generate_expression
 from selfcest.model import load_model
 from selfcest.teachers import TeacherConfig, arithmetic_conversations, build_warmup_conversations
@@ -42,48 +44,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stages.common import load_params, read_jsonl  # noqa: E402
 
 
-def position_ids(
-    length: int, scheme: str, rng: random.Random, *, max_position: int, max_gap: int
-) -> list[int]:
+def position_ids(length: int, scheme: str, rng: random.Random) -> list[int]:
+    """`contiguous`; `strideK`: 0, K, 2K, ...; `randomN`: a sorted random subset of [0, N) (of
+    [0, length) when longer); `gapsK`: a running sum of random gaps drawn from 1..K."""
     if scheme == "contiguous":
         return list(range(length))
-    if scheme == "random":
-        return sorted(rng.sample(range(max(max_position, length)), length))
-    if scheme == "gaps":
+    name = scheme.rstrip("0123456789")
+    number = int(scheme[len(name) :] or 0)
+    if name == "stride" and number > 0:
+        return [i * number for i in range(length)]
+    if name == "random" and number > 0:
+        return sorted(rng.sample(range(max(number, length)), length))
+    if name == "gaps" and number > 0:
         ids, position = [], 0
         for _ in range(length):
             ids.append(position)
-            position += rng.randint(1, max_gap)
+            position += rng.randint(1, number)
         return ids
-    if scheme.startswith("stride"):
-        return [i * int(scheme.removeprefix("stride")) for i in range(length)]
-    if scheme.startswith("random"):
-        return position_ids(length, "random", rng, max_position=int(scheme.removeprefix("random")), max_gap=1)
-    raise ValueError(f"unknown position scheme {scheme!r}")
+    raise ValueError(f"unknown position scheme {scheme!r} (contiguous, strideK, randomN or gapsK)")
 
 
 class PositionIdsCollator(DataCollatorForLanguageModeling):
     """TRL's padding collator (labels, attention mask) with each row's position ids replaced."""
 
-    def __init__(self, pad_token_id: int, *, scheme: str, max_position: int, max_gap: int, seed: int) -> None:
+    def __init__(self, pad_token_id: int, *, scheme: str, seed: int) -> None:
         super().__init__(pad_token_id=pad_token_id, return_position_ids=True)
-        self.scheme, self.max_position, self.max_gap = scheme, max_position, max_gap
+        self.scheme = scheme
         self.rng = random.Random(seed)
 
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         batch = super().torch_call(examples)
         for row, mask in enumerate(batch["attention_mask"]):
             length = int(mask.sum())  # right padding: the row's tokens come first
-            ids = position_ids(
-                length, self.scheme, self.rng, max_position=self.max_position, max_gap=self.max_gap
-            )
-            batch["position_ids"][row, :length] = torch.tensor(ids)
+            batch["position_ids"][row, :length] = torch.tensor(position_ids(length, self.scheme, self.rng))
         return batch
 
 
 @torch.no_grad()
 def teacher_forced_exactness(
-    model: Any, tokenizer: Any, conversations: list[dict[str, Any]], scheme: str, *, max_position: int
+    model: Any, tokenizer: Any, conversations: list[dict[str, Any]], scheme: str
 ) -> dict[str, float]:
     rng = random.Random(0)
     exact: dict[str, list[bool]] = {}
@@ -92,7 +91,7 @@ def teacher_forced_exactness(
         dataset["input_ids"], dataset["assistant_masks"], dataset["kind"], strict=True
     ):
         tokens = torch.tensor([ids])
-        positions = torch.tensor([position_ids(len(ids), scheme, rng, max_position=max_position, max_gap=1)])
+        positions = torch.tensor([position_ids(len(ids), scheme, rng)])
         # The attention mask matters: without one, transformers reads non-consecutive position ids
         # as packed sequences and lets every token attend to itself only.
         logits = model(
@@ -107,9 +106,9 @@ def teacher_forced_exactness(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scheme", choices=["contiguous", "random", "gaps"], required=True)
-    parser.add_argument("--max-position", type=int, default=1024, help="range of `random` position ids")
-    parser.add_argument("--max-gap", type=int, default=2, help="largest gap of `gaps` position ids")
+    parser.add_argument(
+        "--scheme", required=True, help="training position ids: contiguous, strideK, randomN or gapsK"
+    )
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--out", type=Path, required=True, help="the run's checkpoints and its final model")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
@@ -117,7 +116,7 @@ def main() -> None:
     parser.add_argument("--arithmetic", default="data/arithmetic/train.jsonl")
     parser.add_argument("--operators", type=int, nargs="+", default=[5, 7, 8, 10, 12, 14])
     parser.add_argument("--conversations", type=int, default=80, help="per operator count and kind pair")
-    parser.add_argument("--eval-schemes", nargs="+", default=["contiguous", "stride2", "random1024"])
+    parser.add_argument("--eval-schemes", nargs="+", default=["contiguous", "stride2", "gaps2", "random1024"])
     args = parser.parse_args()
     params = load_params(args.params)
     warmup = dict(params["warmup"])
@@ -138,20 +137,19 @@ def main() -> None:
     conversations = build_warmup_conversations(
         read_jsonl(args.arithmetic), [], seed=params["seed"], config=teacher
     )
-    collator = PositionIdsCollator(
-        tokenizer.pad_token_id,
-        scheme=args.scheme,
-        max_position=args.max_position,
-        max_gap=args.max_gap,
-        seed=params["seed"],
-    )
+    position_ids(1, args.scheme, random.Random(0))  # an unknown scheme fails before training
+    collator = PositionIdsCollator(tokenizer.pad_token_id, scheme=args.scheme, seed=params["seed"])
     metrics = run_warmup(
         model,
         tokenizer,
         tokenize_conversations(conversations, tokenizer, config.max_length),
         config,
         run_dir=args.out / "run",
-        run_fingerprint=json.dumps(vars(args), default=str),
+        # Rerunning with other --eval-schemes resumes the finished run instead of training again.
+        run_fingerprint=fingerprint(
+            {"scheme": args.scheme, "steps": args.steps, "init": args.init, "data": args.arithmetic}
+            | {"warmup": warmup, "seed": params["seed"]}
+        ),
         log_csv=args.out / "log.csv",
         data_collator=collator,
     )
@@ -175,8 +173,7 @@ def main() -> None:
                 if c["kind"] in ("arith_mono", "arith_root_delegate")
             )
         result = {
-            scheme: teacher_forced_exactness(model, tokenizer, probe, scheme, max_position=args.max_position)
-            for scheme in args.eval_schemes
+            scheme: teacher_forced_exactness(model, tokenizer, probe, scheme) for scheme in args.eval_schemes
         }
         print(json.dumps({"operators": num_operators, **result}), flush=True)
 
