@@ -18,7 +18,7 @@ exactness needs no generation, so it shows at once which position scheme a check
 under; the engines, GRPO and `length_probe.py` all use contiguous positions. A delegating root's teacher picks a chunk size
 and a budget at random, which a model cannot guess, so its exactness is a lower bound.
 Prints one JSON line per operator count. Run again with other `--eval-schemes` and the same
-`--out`, it resumes the finished training run and only measures.
+`--out`, it loads the finished model and only measures.
 """
 
 from __future__ import annotations
@@ -133,29 +133,37 @@ def main() -> None:
         save_steps=warmup["save_steps"],
         seed=params["seed"],
     )
-    tokenizer, model = load_tokenizer(args.init), load_model(args.init, dtype="float32")
-    conversations = build_warmup_conversations(
-        read_jsonl(args.arithmetic), [], seed=params["seed"], config=teacher
-    )
     position_ids(1, args.scheme, random.Random(0))  # an unknown scheme fails before training
-    collator = PositionIdsCollator(tokenizer.pad_token_id, scheme=args.scheme, seed=params["seed"])
-    metrics = run_warmup(
-        model,
-        tokenizer,
-        tokenize_conversations(conversations, tokenizer, config.max_length),
-        config,
-        run_dir=args.out / "run",
-        # Rerunning with other --eval-schemes resumes the finished run instead of training again.
-        run_fingerprint=fingerprint(
-            {"scheme": args.scheme, "steps": args.steps, "init": args.init, "data": args.arithmetic}
-            | {"warmup": warmup, "seed": params["seed"]}
-        ),
-        log_csv=args.out / "log.csv",
-        data_collator=collator,
+    run_fingerprint = fingerprint(
+        {"scheme": args.scheme, "steps": args.steps, "init": args.init, "data": args.arithmetic}
+        | {"warmup": warmup, "seed": params["seed"]}
     )
-    model.save_pretrained(args.out / "model")
-    tokenizer.save_pretrained(args.out / "model")
-    print(json.dumps({"scheme": args.scheme, **metrics}), flush=True)
+    final, final_marker = args.out / "model", args.out / "model" / "fingerprint.txt"
+    if final_marker.exists() and final_marker.read_text() == run_fingerprint:
+        # The same training finished before: only measure (e.g. with other --eval-schemes).
+        tokenizer, model = load_tokenizer(final), load_model(final, dtype="float32")
+        print(json.dumps({"scheme": args.scheme, "trained_before": str(final)}), flush=True)
+    else:
+        tokenizer, model = load_tokenizer(args.init), load_model(args.init, dtype="float32")
+        conversations = build_warmup_conversations(
+            read_jsonl(args.arithmetic), [], seed=params["seed"], config=teacher
+        )
+        metrics = run_warmup(
+            model,
+            tokenizer,
+            tokenize_conversations(conversations, tokenizer, config.max_length),
+            config,
+            run_dir=args.out / "run",  # a killed run resumes from its last checkpoint
+            run_fingerprint=run_fingerprint,
+            log_csv=args.out / "log.csv",
+            data_collator=PositionIdsCollator(
+                tokenizer.pad_token_id, scheme=args.scheme, seed=params["seed"]
+            ),
+        )
+        model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+        final_marker.write_text(run_fingerprint)
+        print(json.dumps({"scheme": args.scheme, **metrics}), flush=True)
     model.eval()
     arithmetic = params["arithmetic"]
     generator = config_from_mapping(arithmetic["profiles"][arithmetic["profile"]].get("generator") or {})
