@@ -15,8 +15,9 @@ Then, per operator count, on fresh expressions (their own seed; no test split is
 of monolithic and delegating-root teacher conversations whose every assistant token is the
 model's argmax, under each position scheme of `--eval-schemes` (the same names). Teacher-forced
 exactness needs no generation, so it shows at once which position scheme a checkpoint works
-under; the engines, GRPO and `length_probe.py` all use contiguous positions. A delegating root's teacher picks a chunk size
-and a budget at random, which a model cannot guess, so its exactness is a lower bound.
+under; the engines, GRPO and `length_probe.py` all use contiguous positions. A delegating root's
+teacher picks a chunk size and a budget at random, which a model cannot guess, so its exactness
+is a lower bound.
 Prints one JSON line per operator count. Run again with other `--eval-schemes` and the same
 `--out`, it loads the finished model and only measures.
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from datasets import Dataset
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from selfcest.checkpoints import fingerprint
@@ -81,12 +83,10 @@ class PositionIdsCollator(DataCollatorForLanguageModeling):
 
 
 @torch.no_grad()
-def teacher_forced_exactness(
-    model: Any, tokenizer: Any, conversations: list[dict[str, Any]], scheme: str
-) -> dict[str, float]:
+def teacher_forced_exactness(model: Any, dataset: Dataset, scheme: str) -> dict[str, float]:
+    """`dataset`: `selfcest.warmup.tokenize_conversations` rows (ids, assistant mask, kind)."""
     rng = random.Random(0)
     exact: dict[str, list[bool]] = {}
-    dataset = tokenize_conversations(conversations, tokenizer, max_length=4096)
     for ids, mask, kind in zip(
         dataset["input_ids"], dataset["assistant_masks"], dataset["kind"], strict=True
     ):
@@ -180,9 +180,8 @@ def main() -> None:
                 for c in arithmetic_conversations(expr, rng, probe_teacher)
                 if c["kind"] in ("arith_mono", "arith_root_delegate")
             )
-        result = {
-            scheme: teacher_forced_exactness(model, tokenizer, probe, scheme) for scheme in args.eval_schemes
-        }
+        tokenized = tokenize_conversations(probe, tokenizer, max_length=4096)  # once for every scheme
+        result = {scheme: teacher_forced_exactness(model, tokenized, scheme) for scheme in args.eval_schemes}
         print(json.dumps({"operators": num_operators, **result}), flush=True)
 
 
