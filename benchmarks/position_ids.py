@@ -25,6 +25,7 @@ Prints one JSON line per operator count. Run again with other `--eval-schemes` a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -38,9 +39,9 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from selfcest.checkpoints import fingerprint
 from selfcest.data.arithmetic import config_from_mapping, generate_expression
 from selfcest.model import load_model
-from selfcest.teachers import TeacherConfig, arithmetic_conversations, build_warmup_conversations
+from selfcest.teachers import arithmetic_conversations, build_warmup_conversations
 from selfcest.tokenizer import load_tokenizer
-from selfcest.warmup import WarmupConfig, run_warmup, tokenize_conversations
+from selfcest.warmup import run_warmup, tokenize_conversations, warmup_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stages.common import load_params, read_jsonl  # noqa: E402
@@ -120,19 +121,8 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(args.params)
     warmup = dict(params["warmup"])
-    teacher = TeacherConfig(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in warmup["teacher"].items()}
-    )
-    config = WarmupConfig(
-        max_steps=args.steps,
-        learning_rate=warmup["learning_rate"],
-        warmup_ratio=warmup["warmup_ratio"],
-        batch_size=warmup["batch_size"],
-        max_length=warmup["max_length"],
-        logging_steps=warmup["logging_steps"],
-        save_steps=warmup["save_steps"],
-        seed=params["seed"],
-    )
+    settings = warmup_settings(warmup, seed=params["seed"])
+    teacher, config = settings.teacher, dataclasses.replace(settings.training, max_steps=args.steps)
     position_ids(1, args.scheme, random.Random(0))  # an unknown scheme fails before training
     run_fingerprint = fingerprint(
         {"scheme": args.scheme, "steps": args.steps, "init": args.init, "data": args.arithmetic}
@@ -168,7 +158,7 @@ def main() -> None:
     arithmetic = params["arithmetic"]
     generator = config_from_mapping(arithmetic["profiles"][arithmetic["profile"]].get("generator") or {})
     # Every root delegates and no thinking row: the two kinds whose length limit is in question.
-    probe_teacher = TeacherConfig(**{**vars(teacher), "direct_root_fraction": 0.0, "thinking_fraction": 0.0})
+    probe_teacher = dataclasses.replace(teacher, direct_root_fraction=0.0, thinking_fraction=0.0)
     for num_operators in args.operators:
         rng = random.Random(num_operators)
         expressions = config_from_mapping({"num_operators": (num_operators, num_operators)}, generator)

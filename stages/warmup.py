@@ -14,9 +14,9 @@ from pathlib import Path
 
 from selfcest.checkpoints import fingerprint, write_model_card
 from selfcest.model import load_model
-from selfcest.teachers import TeacherConfig, build_warmup_conversations
+from selfcest.teachers import build_warmup_conversations
 from selfcest.tokenizer import load_tokenizer
-from selfcest.warmup import WarmupConfig, run_warmup, tokenize_conversations
+from selfcest.warmup import run_warmup, tokenize_conversations, warmup_settings
 from stages.common import file_sha256, load_params, read_jsonl, setup_logging, write_json
 
 log = logging.getLogger("warmup")
@@ -44,13 +44,8 @@ def main() -> None:
         Path(args.log_csv).write_text("step,loss\n")
         return
     started = time.perf_counter()
-    warmup_params = dict(params["warmup"])
-    qa_records = warmup_params.pop("qa_records")
-    qa_root_only = warmup_params.pop("qa_root_only_records", 0)
-    teacher = TeacherConfig(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in warmup_params.pop("teacher").items()}
-    )
-    config = WarmupConfig(seed=params["seed"], **warmup_params)
+    settings = warmup_settings(params["warmup"], seed=params["seed"])
+    config, qa_records, qa_root_only = settings.training, settings.qa_records, settings.qa_root_only_records
     tokenizer = load_tokenizer(args.init)
     model = load_model(args.init, dtype="float32")
     arithmetic = read_jsonl(args.arithmetic)
@@ -60,7 +55,7 @@ def main() -> None:
         arithmetic,
         qa,
         seed=params["seed"],
-        config=teacher,
+        config=settings.teacher,
         qa_root_only_records=qa_all[qa_records : qa_records + qa_root_only],
     )
     dataset = tokenize_conversations(conversations, tokenizer, config.max_length)

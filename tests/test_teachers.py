@@ -9,6 +9,7 @@ from collections import Counter
 
 from selfcest.data.arithmetic import evaluate_expression
 from selfcest.data.qa import RELATIONS, SyntheticSplitConfig, synthetic_record
+from selfcest.prompts import THINKING_SYSTEM_PROMPT
 from selfcest.protocol import extract_answer, parse_tool_calls
 from selfcest.teachers import (
     TeacherConfig,
@@ -97,6 +98,30 @@ def test_qa_root_hands_each_hop_the_paragraph_that_answers_it() -> None:
             # The key is written before the task (a fixed distance after the name it copies).
             assert call["content"].index('"context"') < call["content"].index('"task"')
         assert extract_answer(root["messages"][-1]["content"]) == record["answers"][0]
+
+
+def test_qa_thinking_quotes_the_monolithic_facts_checks_them_and_answers() -> None:
+    rng = random.Random(4)
+    records = [
+        synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=i) for i in range(40)
+    ]
+    config = TeacherConfig(qa_thinking_fraction=0.5)
+    conversations = build_warmup_conversations([], records, seed=5, config=config)
+    thinking = [c for c in conversations if c["kind"] == "qa_thinking"]
+    assert 8 <= len(thinking) <= 32  # about half the records, not every one
+    by_question = {c["messages"][1]["content"]: c for c in conversations if c["kind"] == "qa_mono"}
+    for conversation in thinking:
+        system, user, reply = (m["content"] for m in conversation["messages"])
+        assert system == THINKING_SYSTEM_PROMPT and not conversation["tools"]
+        # The same reading as the monolithic conversation of that record, then a check of every fact.
+        mono = by_question[user]["messages"][-1]["content"].split("\n")
+        facts, answer = mono[:-1], mono[-1]
+        assert facts and all(facts)
+        assert reply.split("\n") == [*facts, "Check:", *facts, answer]
+    assert not any(
+        c["kind"] == "qa_thinking"
+        for c in build_warmup_conversations([], records, seed=5, config=TeacherConfig())
+    )
 
 
 def test_qa_clone_answers_from_its_paragraph_and_fails_only_without_one() -> None:

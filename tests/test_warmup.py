@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+from omegaconf import OmegaConf
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from selfcest.model import load_model
 from selfcest.teachers import build_warmup_conversations
-from selfcest.warmup import WarmupConfig, run_warmup, tokenize_conversations
+from selfcest.warmup import WarmupConfig, run_warmup, tokenize_conversations, warmup_settings
 
 
 class RecordingCollator(DataCollatorForLanguageModeling):
@@ -57,3 +59,19 @@ def test_warmup_trains_through_the_given_collator_on_assistant_tokens_only(
             # Loss only on the assistant's tokens: prompts, tool replies and padding are -100.
             assert torch.equal(labels[:length] != -100, mask) and (labels[length:] == -100).all()
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_warmup_settings_read_the_committed_params_and_refuse_unknown_keys() -> None:
+    params = OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[1] / "params.yaml"), resolve=True)
+    warmup = params["warmup"]
+    settings = warmup_settings(warmup, seed=7)
+    assert settings.training.seed == 7 and settings.training.max_steps == warmup["max_steps"]
+    assert settings.training.learning_rate == warmup["learning_rate"]  # a float, not YAML's string
+    assert settings.qa_records == warmup["qa_records"]
+    assert settings.qa_root_only_records == warmup["qa_root_only_records"]
+    assert settings.teacher.chunk_sizes == tuple(warmup["teacher"]["chunk_sizes"])
+    assert settings.teacher.qa_thinking_fraction == warmup["teacher"]["qa_thinking_fraction"]
+    with pytest.raises(TypeError, match="max_stepz"):
+        warmup_settings({**warmup, "max_stepz": 3}, seed=7)
+    with pytest.raises(TypeError, match="chunk_size"):
+        warmup_settings({**warmup, "teacher": {"chunk_size": [2]}}, seed=7)

@@ -55,6 +55,10 @@ class TeacherConfig:
     max_root_combine: int = 3
     """Most partial results a delegating root adds up itself; with more, it hands groups of them to
     clones in another turn (a reduction tree), so no context ever holds a long sum."""
+    qa_thinking_fraction: float = 0.0
+    """Share of QA records that also get a thinking-mode conversation: the monolithic reader's
+    quoted facts, then every fact quoted again as a check, then the answer. Without it the thinking
+    baseline had never seen QA in its own style and answered exactly as `base` (same tokens)."""
     qa_extra_keys_fraction: float = 0.2
     """Share of QA hops that hand the clone a needless extra paragraph."""
     qa_mono_distractors: tuple[int, int] = (1, 8)
@@ -230,7 +234,8 @@ def _teachable_qa_record(record: Mapping[str, Any]) -> bool:
 def qa_conversations(
     record: Mapping[str, Any], rng: random.Random, config: TeacherConfig
 ) -> list[dict[str, Any]]:
-    """Root-side decomposition into hops, clone-side reading, and monolithic reading of the context."""
+    """Root-side decomposition into hops, clone-side reading, and monolithic (sometimes also
+    thinking-mode) reading of the context."""
     if not _teachable_qa_record(record):
         return []
     paragraphs = {p["key"]: p for p in record["paragraphs"]}
@@ -264,14 +269,13 @@ def qa_conversations(
     rng.shuffle(keys)
     documents = {k: paragraphs[k]["text"] for k in keys}
     facts = [_fact_sentence(paragraphs[h["paragraph_key"]]["text"], h["answer"]) for h in hops]
-    out.append(
-        _solo(
-            MONOLITHIC_SYSTEM_PROMPT,
-            qa_monolithic_question(record["question"], documents),
-            "\n".join([*facts, f"Answer: {answer}"]),
-            "qa_mono",
-        )
-    )
+    question = qa_monolithic_question(record["question"], documents)
+    out.append(_solo(MONOLITHIC_SYSTEM_PROMPT, question, "\n".join([*facts, f"Answer: {answer}"]), "qa_mono"))
+    if rng.random() < config.qa_thinking_fraction:
+        # The same reading as the monolithic one, checked: every quoted fact once more (as the
+        # arithmetic thinking style redoes every step), so the mode spends more tokens serially.
+        reply = "\n".join([*facts, "Check:", *facts, f"Answer: {answer}"])
+        out.append(_solo(THINKING_SYSTEM_PROMPT, question, reply, "qa_thinking"))
     return out
 
 

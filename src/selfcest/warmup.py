@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from selfcest.checkpoints import CsvLogCallback, prepare_run_dir
+from selfcest.teachers import TeacherConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,34 @@ class WarmupConfig:
     seed: int = 42
     threads: int = 0
     """torch threads; 0 keeps torch's default."""
+
+
+@dataclass
+class WarmupSettings:
+    """The `warmup` parameter group, read into the objects that use it."""
+
+    training: WarmupConfig
+    teacher: TeacherConfig
+    qa_records: int
+    """Synthetic QA train records (from the first) that give all their conversations."""
+    qa_root_only_records: int
+    """The records after those that give their root conversation only."""
+
+
+def warmup_settings(warmup: Mapping[str, Any], *, seed: int) -> WarmupSettings:
+    """Read a `warmup` parameter mapping (`params.yaml`): every key but `teacher`, `qa_records` and
+    `qa_root_only_records` is a `WarmupConfig` field, `teacher` holds `TeacherConfig`'s fields
+    (YAML lists become the tuples the dataclass declares). Unknown keys fail here, by name."""
+    training = dict(warmup)
+    teacher = training.pop("teacher", {}) or {}
+    qa_records = int(training.pop("qa_records", 0))
+    qa_root_only_records = int(training.pop("qa_root_only_records", 0))
+    return WarmupSettings(
+        training=WarmupConfig(seed=seed, **training),
+        teacher=TeacherConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in teacher.items()}),
+        qa_records=qa_records,
+        qa_root_only_records=qa_root_only_records,
+    )
 
 
 def tokenize_conversations(
