@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     write_delegation_by_size(sweep, report, out / "delegation_by_size.csv")
     for name, items in claims.items():
         for claim in items:
-            log.info("%s (%s): %s", name, claim.key, claim.status)
+            log.info("%s (%s): %s", name, claim.key, claim.verdict)
     log.info("report: %d rows from %d cells -> %s", len(sweep.rows), len(sweep.cells), out)
 
 

@@ -166,16 +166,20 @@ def load_outcomes(sweep: Sweep, name: str) -> dict[tuple[str, int], dict[str, fl
     return outcomes
 
 
-def _gap_interval(outcomes: Outcomes | None, ours: tuple[str, int], theirs: tuple[str, int]) -> str:
-    """` (paired bootstrap 95% interval of the gap [low, high] pts, n problems)`, or "" without outcomes."""
+def _paired_gap(
+    outcomes: Outcomes | None, ours: tuple[str, int], theirs: tuple[str, int]
+) -> tuple[str, float | None]:
+    """(` (paired bootstrap 95% interval of the gap [low, high] pts, n problems)`, low), or ("", None)
+    without outcomes for both."""
     if not outcomes or ours not in outcomes or theirs not in outcomes:
-        return ""
+        return "", None
     _, low, high, n = paired_gap(outcomes[ours], outcomes[theirs], seed=0)
     if n == 0:
-        return ""
-    return (
+        return "", None
+    text = (
         f" (paired bootstrap 95% interval of the gap [{100 * low:+.1f}, {100 * high:+.1f}] pts, {n} problems)"
     )
+    return text, low
 
 
 def method_applies(values: Mapping[str, Any] | None, dataset: str) -> bool:
@@ -309,12 +313,27 @@ def combined_frontier(rows: Sequence[Mapping[str, Any]], cost: str = "gen_tokens
 
 
 # --------------------------------------------------------------------------- claims
+WITHIN_NOISE = "gap within noise"
+"""Caveat of a claim that holds on a gap whose paired 95% interval reaches 0 or below."""
+TIES_ONLY = "ties only"
+"""Caveat of (b) when selfcest is at, never above, the best rival at every budget."""
+EQUAL_ACCURACY = "equal accuracy"
+"""Caveat of (c) when it holds by tokens alone (the same accuracy as prompted, fewer tokens)."""
+
+
 @dataclass
 class Claim:
     key: str
     statement: str
     status: str
     detail: str
+    caveat: str = ""
+    """Why a claim that holds as stated is weak evidence (WITHIN_NOISE, TIES_ONLY, EQUAL_ACCURACY),
+    so that the summary's verdict says it next to HOLDS instead of leaving it to the reader."""
+
+    @property
+    def verdict(self) -> str:
+        return f"{self.status} ({self.caveat})" if self.caveat else self.status
 
     @property
     def holds(self) -> bool | None:
@@ -351,12 +370,13 @@ def claim_beats_base(
         f"budget {b}: {_pct(ours[b]['accuracy'])} vs {_pct(theirs[b]['accuracy'])} ({100 * gaps[b]:+.1f} pts)"
         for b in budgets
     )
-    interval = _gap_interval(outcomes, (selfcest, best), (base, best))
+    interval, low = _paired_gap(outcomes, (selfcest, best), (base, best))
     return Claim(
         "a",
         statement,
         status,
         f"largest gap {100 * gaps[best]:+.1f} pts at budget {best}{interval}. {detail}",
+        WITHIN_NOISE if status == HOLDS and low is not None and low <= EPS else "",
     )
 
 
@@ -372,11 +392,12 @@ def claim_frontier(
     absent = [m for m in rivals if m not in present]
     if not ours or not present:
         return Claim("b", statement, NOT_CHECKED, f"missing: {', '.join([selfcest] if not ours else absent)}")
-    failures, lines = [], []
+    failures, lines, above_somewhere = [], [], False
     for b in budgets:
         mine = frontier_value(ours, b)
         theirs = {m: frontier_value(method_points(rows, m), b) for m in present}
         best = max(theirs, key=lambda m: theirs[m])
+        above_somewhere |= mine > theirs[best] + EPS
         lines.append(f"budget {b}: {_pct(mine)} vs best rival {best} {_pct(theirs[best])}")
         failures += [
             f"{m} at {b} ({_pct(theirs[m])} > {_pct(mine)})" for m in present if theirs[m] > mine + EPS
@@ -385,7 +406,7 @@ def claim_frontier(
     if absent:
         detail += f". Not compared (missing): {', '.join(absent)}"
     status = FAILS if failures else (NOT_CHECKED if absent else HOLDS)  # a missing rival could still be above
-    return Claim("b", statement, status, detail)
+    return Claim("b", statement, status, detail, TIES_ONLY if status == HOLDS and not above_somewhere else "")
 
 
 def claim_beats_prompted(
@@ -419,12 +440,15 @@ def claim_beats_prompted(
         )
     better = a["accuracy"] > b["accuracy"] + EPS
     tie_cheaper = abs(a["accuracy"] - b["accuracy"]) <= EPS and a["gen_tokens"] < b["gen_tokens"]
+    interval, low = _paired_gap(outcomes, (selfcest, reference_budget), (prompted, reference_budget))
     detail = (
         f"at budget {reference_budget}: {_pct(a['accuracy'])} with {a['gen_tokens']:.0f} generated tokens vs "
-        f"{_pct(b['accuracy'])} with {b['gen_tokens']:.0f}"
-        + _gap_interval(outcomes, (selfcest, reference_budget), (prompted, reference_budget))
+        f"{_pct(b['accuracy'])} with {b['gen_tokens']:.0f}{interval}"
     )
-    return Claim("c", statement, HOLDS if better or tie_cheaper else FAILS, detail)
+    caveat = (
+        EQUAL_ACCURACY if tie_cheaper else (WITHIN_NOISE if better and low is not None and low <= EPS else "")
+    )
+    return Claim("c", statement, HOLDS if better or tie_cheaper else FAILS, detail, caveat)
 
 
 def claim_critical_path(rows: Sequence[Mapping[str, Any]], selfcest: str, base: str) -> Claim:
@@ -668,13 +692,16 @@ def summary_markdown(
         keys = [c.key for c in next(iter(claims.values()))]
         statements = {c.key: c.statement for items in claims.values() for c in items}
         for key in keys:
-            cells = [next(c.status for c in claims[n] if c.key == key) for n in names]
+            cells = [next(c.verdict for c in claims[n] if c.key == key) for n in names]
             lines.append(f"| ({key}) {statements[key]} | " + " | ".join(cells) + " |")
         lines += [
             "",
             "Verdicts compare point estimates, as the claims are stated. Where per-problem results are",
             "at hand, (a) and (c) also give the paired bootstrap 95% interval of the gap: an interval",
             "that includes 0 means the gap is not distinguishable from noise at this number of problems.",
+            f"A verdict in brackets holds as stated but on weak evidence: `{WITHIN_NOISE}` (that interval",
+            f"reaches 0), `{TIES_ONLY}` ((b): never above the best rival, only level with it), `{EQUAL_ACCURACY}`",
+            "((c): the same accuracy as prompted, fewer tokens).",
             "",
         ]
     for name in sweep.benchmarks():
@@ -752,7 +779,7 @@ def summary_markdown(
         if name in claims:
             lines += ["Claims:", ""]
             for c in claims[name]:
-                lines.append(f"- ({c.key}) {c.statement}: **{c.status}**. {c.detail}")
+                lines.append(f"- ({c.key}) {c.statement}: **{c.verdict}**. {c.detail}")
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
