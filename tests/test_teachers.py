@@ -17,6 +17,7 @@ from selfcest.teachers import (
     build_warmup_conversations,
     paragraph_facts,
     parse_terms,
+    qa_conversations,
 )
 
 _TASK = re.compile(r"^Calculate the value of (.+)\.$")
@@ -122,6 +123,29 @@ def test_qa_thinking_quotes_the_monolithic_facts_checks_them_and_answers() -> No
         c["kind"] == "qa_thinking"
         for c in build_warmup_conversations([], records, seed=5, config=TeacherConfig())
     )
+
+
+class CountingRandom(random.Random):
+    """random.Random that counts its `random()` draws."""
+
+    draws = 0
+
+    def random(self) -> float:
+        self.draws += 1
+        return super().random()
+
+
+def test_zero_qa_thinking_fraction_draws_nothing() -> None:
+    """At 0 the teachers draw exactly what they drew before QA thinking existed, so a warm-up with
+    the fraction at 0 reproduces the older warm-ups' data; any positive fraction draws once per record."""
+    record = synthetic_record(random.Random(6), SyntheticSplitConfig(count=1), split="train", index=0)
+    draws = {}
+    for fraction in (0.0, 1.0):
+        rng = CountingRandom(7)
+        conversations = qa_conversations(record, rng, TeacherConfig(qa_thinking_fraction=fraction))
+        draws[fraction] = rng.draws
+        assert sum(c["kind"] == "qa_thinking" for c in conversations) == int(fraction)
+    assert draws[1.0] == draws[0.0] + 1
 
 
 def test_qa_clone_answers_from_its_paragraph_and_fails_only_without_one() -> None:

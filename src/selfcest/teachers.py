@@ -271,7 +271,8 @@ def qa_conversations(
     facts = [_fact_sentence(paragraphs[h["paragraph_key"]]["text"], h["answer"]) for h in hops]
     question = qa_monolithic_question(record["question"], documents)
     out.append(_solo(MONOLITHIC_SYSTEM_PROMPT, question, "\n".join([*facts, f"Answer: {answer}"]), "qa_mono"))
-    if rng.random() < config.qa_thinking_fraction:
+    # No draw at 0: the other conversations then come out exactly as before this kind existed.
+    if config.qa_thinking_fraction > 0 and rng.random() < config.qa_thinking_fraction:
         # The same reading as the monolithic one, checked: every quoted fact once more (as the
         # arithmetic thinking style redoes every step), so the mode spends more tokens serially.
         reply = "\n".join([*facts, "Check:", *facts, f"Answer: {answer}"])
