@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from selfcest.model import load_model
 from selfcest.teachers import build_warmup_conversations
 from selfcest.warmup import WarmupConfig, run_warmup, tokenize_conversations, warmup_settings
+from stages.common import load_params
 
 
 class RecordingCollator(DataCollatorForLanguageModeling):
@@ -62,7 +62,7 @@ def test_warmup_trains_through_the_given_collator_on_assistant_tokens_only(
 
 
 def test_warmup_settings_read_the_committed_params_and_refuse_unknown_keys() -> None:
-    params = OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[1] / "params.yaml"), resolve=True)
+    params = load_params(Path(__file__).parents[1] / "params.yaml")
     warmup = params["warmup"]
     settings = warmup_settings(warmup, seed=7)
     assert settings.training.seed == 7 and settings.training.max_steps == warmup["max_steps"]
