@@ -30,7 +30,7 @@ _STARTED = time.perf_counter()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/evaluate.py` works too
 
-from stages.common import PARAMS_FILE, load_params, setup_logging, write_json  # noqa: E402
+from stages.common import PARAMS_FILE, load_params, setup_logging, weights_sha256, write_json  # noqa: E402
 
 log = logging.getLogger("evaluate")
 
@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     from selfcest.evaluation import runtime_config_from_params
 
     imported = time.perf_counter()
+    # Which weights produced these rows: the report names checkpoints that hold the same weights
+    # (for example a GRPO ablation that trained exactly as its reference run).
+    weights = weights_sha256(checkpoint)
     engine, device = build_engine(sweep, checkpoint)
     loaded = time.perf_counter()
 
@@ -165,7 +168,14 @@ def main(argv: list[str] | None = None) -> None:
     }
     write_json(
         out / "rows.json",
-        {**meta, "status": "ok", "methods": [m.name for m in methods], "rows": rows, "timing": timing},
+        {
+            **meta,
+            "weights_sha256": weights,
+            "status": "ok",
+            "methods": [m.name for m in methods],
+            "rows": rows,
+            "timing": timing,
+        },
     )
     log.info("cell %s: %d rows, %s", json.dumps(meta), len(rows), timing)
 

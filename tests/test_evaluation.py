@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import math
 import re
@@ -392,6 +393,8 @@ def test_eval_and_report_stages_on_the_tiny_model(tiny_checkpoint: Path, tmp_pat
         payload = json.loads((cell / "rows.json").read_text())
         methods = ["base", "sc@2", "selfcest"] + (["agentic-rag"] if dataset == "qa" else [])
         assert payload["status"] == "ok" and payload["methods"] == methods
+        weights = hashlib.sha256((tiny_checkpoint / "model.safetensors").read_bytes()).hexdigest()
+        assert payload["weights_sha256"] == weights  # which weights produced the rows
         assert [(r["method"], r["budget"]) for r in payload["rows"]] == [
             (m, b) for m in methods for b in (8, 16)
         ]

@@ -22,6 +22,7 @@ from selfcest.reports import (
     TIES_ONLY,
     WITHIN_NOISE,
     check_claims,
+    checkpoint_weights,
     claim_beats_base,
     claim_beats_prompted,
     claim_critical_path,
@@ -33,7 +34,9 @@ from selfcest.reports import (
     load_sweep,
     method_points,
     missing_methods,
+    same_weight_groups,
     settings_for,
+    summary_markdown,
 )
 from selfcest.stats import paired_gap
 
@@ -340,7 +343,14 @@ def _episode(answer: str, text: str) -> dict[str, Any]:
 
 
 def write_cell(
-    root: Path, dataset: str, split: str, checkpoint: str, rows: list[dict[str, Any]], *, status: str = "ok"
+    root: Path,
+    dataset: str,
+    split: str,
+    checkpoint: str,
+    rows: list[dict[str, Any]],
+    *,
+    status: str = "ok",
+    weights: str | None = None,
 ) -> None:
     cell = root / dataset / split / checkpoint
     cell.mkdir(parents=True)
@@ -348,6 +358,7 @@ def write_cell(
         "dataset": dataset,
         "split": split,
         "checkpoint": checkpoint,
+        "weights_sha256": weights,
         "status": status,
         "methods": sorted({r["method"] for r in rows}),
         "rows": [{k: v for k, v in r.items() if k != "benchmark"} for r in rows],
@@ -507,3 +518,44 @@ def test_paired_gap_pairs_problems_by_id() -> None:
     assert paired_gap({"a": 1.0}, {"a": 1.0}) == (0.0, 0.0, 0.0, 1)
     gap, low, high, n = paired_gap({"a": 1.0}, {"b": 1.0})
     assert n == 0 and math.isnan(gap) and math.isnan(low) and math.isnan(high)
+
+
+def test_summary_names_checkpoints_with_the_same_or_mixed_weights(tmp_path: Path) -> None:
+    """A GRPO ablation whose gate never fired trains exactly as its reference run: the summary must
+    say the two methods are one model, and must flag a checkpoint whose cells saw different weights."""
+    rows = strong_sweep()
+    cells = tmp_path / "cells"
+    same, other = "ab" * 32, "cd" * 32
+    for checkpoint, method, weights in (
+        ("selfcest_model", "selfcest", same),
+        ("selfcest_nogate_model", "base", same),  # stands in for selfcest-nogate
+        ("warmup_model", "prompted", other),
+    ):
+        write_cell(
+            cells, "arithmetic", "ood", checkpoint, [r for r in rows if r["method"] == method], weights=weights
+        )
+    write_cell(cells, "arithmetic", "test", "warmup_model", [r for r in rows if r["method"] == "prompted"])
+    sweep = load_sweep(cells)
+    weights = checkpoint_weights(sweep)
+    assert weights["warmup_model"]["weights_sha256"] == other  # a cell that recorded none changes nothing
+    assert same_weight_groups(weights) == [["selfcest_model", "selfcest_nogate_model"]]
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))["eval"]
+    settings = {dataset: settings_for(params, dataset) for dataset in ("arithmetic", "qa")}
+    summary = summary_markdown(sweep, eval_params=params, settings=settings, claims={}, method_order=[])
+    assert f"| `selfcest_model` | `{same[:16]}` | `selfcest` |" in summary
+    assert (
+        "- `selfcest_model` and `selfcest_nogate_model` hold byte-identical weights, so `selfcest` and "
+        "`base` are one model measured twice" in summary
+    )
+    assert "measured on different weights" not in summary
+
+    write_cell(
+        cells, "qa", "test", "warmup_model", [dict(r, dataset="qa", split="test") for r in rows[:1]], weights=same
+    )
+    weights = checkpoint_weights(load_sweep(cells))
+    assert weights["warmup_model"]["mixed"] == [other, same] and weights["warmup_model"]["weights_sha256"] is None
+    assert same_weight_groups(weights) == [["selfcest_model", "selfcest_nogate_model"]]
+    summary = summary_markdown(
+        load_sweep(cells), eval_params=params, settings=settings, claims={}, method_order=[]
+    )
+    assert "- `warmup_model`: its cells were measured on different weights" in summary

@@ -149,6 +149,38 @@ def load_sweep(root: Path | str, allowed: set[tuple[str, str, str]] | None = Non
     return Sweep(rows, cells, dirs)
 
 
+def checkpoint_weights(sweep: Sweep) -> dict[str, dict[str, Any]]:
+    """Per evaluated checkpoint: the sha256 of its weights as its cells recorded it (None when no
+    cell recorded one; `mixed` lists every hash when its cells saw different weights, which means
+    the sweep mixes results of two trainings) and the methods its cells ran."""
+    found: dict[str, dict[str, Any]] = {}
+    for cell in sweep.cells:
+        if cell.get("status") != "ok":
+            continue
+        entry = found.setdefault(cell["checkpoint"], {"hashes": [], "methods": []})
+        if cell.get("weights_sha256") and cell["weights_sha256"] not in entry["hashes"]:
+            entry["hashes"].append(cell["weights_sha256"])
+        entry["methods"] += [m for m in cell.get("methods", []) if m not in entry["methods"]]
+    return {
+        checkpoint: {
+            "weights_sha256": entry["hashes"][0] if len(entry["hashes"]) == 1 else None,
+            "mixed": entry["hashes"] if len(entry["hashes"]) > 1 else [],
+            "methods": entry["methods"],
+        }
+        for checkpoint, entry in found.items()
+    }
+
+
+def same_weight_groups(weights: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    """Checkpoints that hold byte-identical weights, in groups of two or more: their methods are one
+    model measured twice, so any difference between them is the evaluation's own sampling."""
+    groups: dict[str, list[str]] = {}
+    for checkpoint, entry in weights.items():
+        if entry["weights_sha256"]:
+            groups.setdefault(entry["weights_sha256"], []).append(checkpoint)
+    return [sorted(group) for group in groups.values() if len(group) > 1]
+
+
 Outcomes = Mapping[tuple[str, int], Mapping[str, float]]
 """(method, budget) -> problem id -> correctness, one benchmark's per-problem results."""
 
@@ -681,6 +713,41 @@ def summary_markdown(
             if name not in absent
         ]
         lines.append("")
+    weights = checkpoint_weights(sweep)
+    if weights:
+        lines += [
+            "## Checkpoints",
+            "",
+            "| checkpoint | weights sha256 | methods |",
+            "|---|---|---|",
+        ]
+        configured = [c for c in (eval_params.get("models") or {}) if c in weights]
+        for checkpoint in configured + [c for c in weights if c not in configured]:
+            entry = weights[checkpoint]
+            if entry["mixed"]:
+                digest = "differs between cells: " + ", ".join(f"`{h[:16]}`" for h in entry["mixed"])
+            elif entry["weights_sha256"]:
+                digest = f"`{entry['weights_sha256'][:16]}`"
+            else:
+                digest = "not recorded"
+            lines.append(
+                f"| `{checkpoint}` | {digest} | " + ", ".join(f"`{m}`" for m in entry["methods"]) + " |"
+            )
+        lines.append("")
+        notes = [
+            f"- `{checkpoint}`: its cells were measured on different weights (retrained between "
+            "cells?); its rows mix two models."
+            for checkpoint, entry in weights.items()
+            if entry["mixed"]
+        ]
+        for group in same_weight_groups(weights):
+            methods = [f"`{m}`" for checkpoint in group for m in weights[checkpoint]["methods"]]
+            notes.append(
+                "- " + " and ".join(f"`{c}`" for c in group) + " hold byte-identical weights, so "
+                + " and ".join(methods) + " are one model measured twice: nothing that separates "
+                "their rows comes from training."
+            )
+        lines += [*notes, ""] if notes else []
     if claims:
         names = list(claims)
         lines += [
