@@ -43,16 +43,3 @@ def file_sha256(path: Path | str) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def weights_sha256(checkpoint: Path | str) -> str | None:
-    """Which weights a checkpoint directory holds: the sha256 of its one `*.safetensors` file (what
-    `sha256sum model.safetensors` prints), or, for a sharded or `*.bin` checkpoint, the sha256 of its
-    sorted `name sha256` lines. None when the directory holds no weights file."""
-    files = sorted(Path(checkpoint).glob("*.safetensors")) or sorted(Path(checkpoint).glob("*.bin"))
-    if not files:
-        return None
-    if len(files) == 1 and files[0].suffix == ".safetensors":
-        return file_sha256(files[0])
-    lines = "".join(f"{f.name} {file_sha256(f)}\n" for f in files)
-    return hashlib.sha256(lines.encode()).hexdigest()

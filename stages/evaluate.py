@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import io
 import json
 import logging
@@ -30,7 +31,7 @@ _STARTED = time.perf_counter()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/evaluate.py` works too
 
-from stages.common import PARAMS_FILE, load_params, setup_logging, weights_sha256, write_json  # noqa: E402
+from stages.common import PARAMS_FILE, file_sha256, load_params, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("evaluate")
 
@@ -76,6 +77,19 @@ def build_engine(sweep: dict[str, Any], checkpoint: Path) -> tuple[Any, str]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_model(checkpoint, device=device)
     return TransformersEngine(model, tokenizer, max_batch_size=int(sweep.get("batch_size", 64))), device
+
+
+def weights_sha256(checkpoint: Path) -> str | None:
+    """Which weights a checkpoint directory holds: the sha256 of its one `*.safetensors` file (what
+    `sha256sum model.safetensors` prints), or, for a sharded or `*.bin` checkpoint, the sha256 of its
+    sorted `name sha256` lines. None when the directory holds no weights file."""
+    files = sorted(checkpoint.glob("*.safetensors")) or sorted(checkpoint.glob("*.bin"))
+    if not files:
+        return None
+    if len(files) == 1 and files[0].suffix == ".safetensors":
+        return file_sha256(files[0])
+    lines = "".join(f"{f.name} {file_sha256(f)}\n" for f in files)
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> None:
