@@ -136,9 +136,6 @@ def main(argv: list[str] | None = None) -> None:
     from selfcest.evaluation import runtime_config_from_params
 
     imported = time.perf_counter()
-    # Which weights produced these rows: the report names checkpoints that hold the same weights
-    # (for example a GRPO ablation that trained exactly as its reference run).
-    weights = weights_sha256(checkpoint)
     engine, device = build_engine(sweep, checkpoint)
     loaded = time.perf_counter()
 
@@ -184,7 +181,10 @@ def main(argv: list[str] | None = None) -> None:
         out / "rows.json",
         {
             **meta,
-            "weights_sha256": weights,
+            # Which weights produced these rows: the report names checkpoints that hold the same
+            # weights (a GRPO ablation that trained exactly as its reference run). Hashed after the
+            # timers, so a large checkpoint's hashing does not count as loading time.
+            "weights_sha256": weights_sha256(checkpoint),
             "status": "ok",
             "methods": [m.name for m in methods],
             "rows": rows,
