@@ -92,7 +92,9 @@ def weights_sha256(checkpoint: Path) -> str | None:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
+    """Run one cell. `own_process`: this process was started for the stage (`python -m
+    stages.evaluate`), so it has run no torch work before; only then may `eval.sweep.workers` fork it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", required=True, choices=["arithmetic", "qa", "math"])
     parser.add_argument("--split", required=True)
@@ -157,6 +159,16 @@ def main(argv: list[str] | None = None) -> None:
         avg_temperature=float(sweep.get("avg_temperature", 0.6)),
         avg_top_p=float(sweep.get("avg_top_p", 0.95)),
     )
+    # Forking is safe only from a process whose torch has never run work on more than one thread
+    # (libgomp's thread pool does not survive a fork: a worker forked from a test process that had
+    # run two-thread work hung at its first operation) and never started CUDA or vLLM.
+    workers = max(1, int(sweep.get("workers") or 1))
+    if workers > 1 and not (own_process and device == "cpu" and torch.get_num_threads() == 1):
+        log.info(
+            "eval.sweep.workers=%d needs a CPU engine on one thread in the stage's own process: one process",
+            workers,
+        )
+        workers = 1
     with gzip_writer(out / "episodes.jsonl.gz") as records:
         rows = evaluate_cell(
             evaluator,
@@ -167,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
             resamples=int(sweep.get("bootstrap_resamples", 1000)),
             bootstrap_seed=seed,
             records_out=records,
+            workers=workers,
         )
     finished = time.perf_counter()
     timing = {
@@ -174,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
         "load_seconds": round(loaded - imported, 2),
         "run_seconds": round(finished - loaded, 2),
         "threads": torch.get_num_threads(),
+        "workers": workers,
         "device": device,
         "engine_calls": engine.stats.calls,
     }
@@ -195,4 +209,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(own_process=True)

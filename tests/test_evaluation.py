@@ -475,6 +475,56 @@ def test_runs_are_deterministic_on_the_tiny_model(tiny_model, tiny_tokenizer) ->
         assert run(spec) == run(spec)
 
 
+def _without_timings(value: Any) -> Any:
+    """A row or record with every measured-seconds field removed, at any depth."""
+    if isinstance(value, dict):
+        return {k: _without_timings(v) for k, v in value.items() if "seconds" not in k}
+    if isinstance(value, list):
+        return [_without_timings(v) for v in value]
+    return value
+
+
+def test_stage_in_two_worker_processes_matches_one_process(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """`eval.sweep.workers: 2` forks the stage's process after the model is loaded and runs (method,
+    budget) units in either process, in any order: the rows, the episode records and the engine's
+    call count are those of one process but for the measured seconds, sampled methods included
+    (each engine call seeds its own generator). Run as DVC runs it, in a process of its own."""
+    import subprocess
+    import sys
+
+    params = _stage_params(tmp_path, tiny_checkpoint)
+    (tmp_path / "data" / "arithmetic").mkdir(parents=True)
+    (tmp_path / "data" / "arithmetic" / "test.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in arithmetic_records(4)), encoding="utf-8"
+    )
+    cells = {}
+    for workers in (1, 2):
+        values = yaml.safe_load(params.read_text(encoding="utf-8"))
+        values["eval"]["sweep"].update(workers=workers, threads=1)
+        values["eval"]["budgets"]["arithmetic"] = [8, 16, 24]
+        path = tmp_path / f"params_{workers}.yaml"
+        path.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+        out = tmp_path / f"cell_{workers}"
+        subprocess.run(
+            [sys.executable, str(REPO / "stages" / "evaluate.py"), "--params", str(path), "--dataset",
+             "arithmetic", "--split", "test", "--model", tiny_checkpoint.name, "--out", str(out)],
+            cwd=tmp_path, check=True, timeout=300,
+        )  # fmt: skip
+        payload = json.loads((out / "rows.json").read_text())
+        with gzip.open(out / "episodes.jsonl.gz", "rt") as handle:
+            records = [json.loads(line) for line in handle]
+        cells[workers] = (payload, records)
+    (one, one_records), (two, two_records) = cells[1], cells[2]
+    assert one["timing"]["workers"] == 1 and two["timing"]["workers"] == 2
+    assert [(r["method"], r["budget"]) for r in two["rows"]] == [
+        (m, b) for m in ("base", "sc@2", "selfcest") for b in (8, 16, 24)
+    ]
+    assert _without_timings(two["rows"]) == _without_timings(one["rows"])
+    assert _without_timings(two_records) == _without_timings(one_records)
+    assert two["timing"]["engine_calls"] == one["timing"]["engine_calls"] > 0
+    assert any(r["gen_tokens"] > 0 for r in two["rows"])
+
+
 def test_combined_costs_state_each_methods_rule() -> None:
     """sc@k samples run in parallel (tokens add, the critical path and latency are the slowest
     sample's); RAG hops run in series (everything adds); avg@k attempts average."""

@@ -25,11 +25,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import multiprocessing
 import random
 import re
 import time
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -559,6 +560,71 @@ def problem_record(problem: Problem, result: ProblemResult, *, meta: Mapping[str
     }
 
 
+# A forked worker reads the cell from here (set just before the pool starts): nothing large is
+# pickled, and no worker re-imports torch or reloads the checkpoint.
+_CELL: tuple[Evaluator, Sequence[MethodSpec], Sequence[Problem]] | None = None
+
+Unit = tuple[int, int]
+"""One (method index, budget) of a cell: the piece of work a worker runs whole."""
+
+
+def _run_unit(unit: Unit) -> tuple[Unit, list[ProblemResult], float, dict[str, Any]]:
+    """Run one (method, budget) on the cell's problems; also what the engine did meanwhile."""
+    assert _CELL is not None, "the cell is set before any unit runs"
+    evaluator, methods, problems = _CELL
+    stats = getattr(evaluator.engine, "stats", None)
+    before = (stats.calls, len(stats.batch_sizes), stats.generated_tokens) if stats else (0, 0, 0)
+    results, seconds = evaluator.run(methods[unit[0]], problems, unit[1])
+    used: dict[str, Any] = {}
+    if stats:
+        used = {
+            "calls": stats.calls - before[0],
+            "batch_sizes": stats.batch_sizes[before[1] :],
+            "generated_tokens": stats.generated_tokens - before[2],
+        }
+    return unit, results, seconds, used
+
+
+def _run_units(
+    evaluator: Evaluator,
+    methods: Sequence[MethodSpec],
+    problems: Sequence[Problem],
+    units: Sequence[Unit],
+    workers: int,
+) -> Iterator[tuple[Unit, list[ProblemResult], float]]:
+    """Yield each unit's results as it finishes: in order in this process, or from `workers` forked
+    processes (each on the torch threads this process has).
+
+    Why processes and not a bigger engine batch: the tiny model's CPU generation is one thread per
+    process by choice (`eval.sweep.threads`: two threads in one process collapse when the two cores
+    are shared), so a second core only helps as a second process. Why this gives the same rows as one
+    process: every engine call seeds its own generator from the sampling config (`torch.manual_seed`
+    inside `fork_rng`), so a unit's tokens do not depend on which units ran before it, or where.
+    Why fork: the workers inherit the imported libraries and the loaded model (seconds each on this
+    machine); it is refused where the platform has no fork, and the stage uses one process on a GPU.
+    """
+    global _CELL
+    _CELL = (evaluator, methods, problems)
+    try:
+        if workers <= 1 or len(units) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+            for unit in units:
+                done, results, seconds, _ = _run_unit(unit)
+                yield done, results, seconds
+            return
+        # Longest first (generated tokens grow with the budget), so no long unit starts last alone.
+        order = sorted(units, key=lambda unit: -unit[1])
+        stats = getattr(evaluator.engine, "stats", None)
+        with multiprocessing.get_context("fork").Pool(min(workers, len(units))) as pool:
+            for done, results, seconds, used in pool.imap_unordered(_run_unit, order):
+                if stats and used:  # the workers' engine calls, counted where the stage reads them
+                    stats.calls += used["calls"]
+                    stats.batch_sizes.extend(used["batch_sizes"])
+                    stats.generated_tokens += used["generated_tokens"]
+                yield done, results, seconds
+    finally:
+        _CELL = None
+
+
 def evaluate_cell(
     evaluator: Evaluator,
     methods: Sequence[MethodSpec],
@@ -569,33 +635,41 @@ def evaluate_cell(
     resamples: int = 1000,
     bootstrap_seed: int = 0,
     records_out: Any | None = None,
+    workers: int = 1,
 ) -> list[dict[str, Any]]:
     """Every method at every budget on `problems`: one sweep row per (method, budget).
 
     `meta` (dataset, split, checkpoint) is copied into every row and record; `records_out` (a text
-    file) receives one JSON line per (method, budget, problem) when given.
+    file) receives one JSON line per (method, budget, problem) when given. `workers` > 1 runs the
+    (method, budget) units in that many forked processes (CPU engines only): the same rows and
+    records, in the same order, but for the measured seconds.
     """
+    units = [(index, int(budget)) for index in range(len(methods)) for budget in budgets]
+    done: dict[Unit, tuple[dict[str, Any], list[ProblemResult]]] = {}
+    for (index, budget), results, seconds in _run_units(evaluator, methods, problems, units, workers):
+        row = {**meta, "method": methods[index].name, "budget": budget}
+        row.update(summarize(results, seconds=seconds, resamples=resamples, seed=bootstrap_seed))
+        done[(index, budget)] = (row, results)
+        log.info(
+            "%s %s budget=%d: acc=%.3f gen=%.1f crit=%.1f (%.1fs; %d/%d done)",
+            meta.get("split"),
+            row["method"],
+            budget,
+            row["accuracy"],
+            row["gen_tokens"],
+            row["critical_tokens"],
+            seconds,
+            len(done),
+            len(units),
+        )
     rows = []
-    for spec in methods:
-        for budget in budgets:
-            results, seconds = evaluator.run(spec, problems, int(budget))
-            row = {**meta, "method": spec.name, "budget": int(budget)}
-            row.update(summarize(results, seconds=seconds, resamples=resamples, seed=bootstrap_seed))
-            rows.append(row)
-            log.info(
-                "%s %s budget=%d: acc=%.3f gen=%.1f crit=%.1f (%.1fs)",
-                meta.get("split"),
-                spec.name,
-                budget,
-                row["accuracy"],
-                row["gen_tokens"],
-                row["critical_tokens"],
-                seconds,
-            )
-            if records_out is not None:
-                for problem, result in zip(problems, results, strict=True):
-                    record = problem_record(
-                        problem, result, meta={**meta, "method": spec.name, "budget": int(budget)}
-                    )
-                    records_out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    for unit in units:  # the cell's order, whatever order the units finished in
+        row, results = done[unit]
+        rows.append(row)
+        if records_out is not None:
+            for problem, result in zip(problems, results, strict=True):
+                record = problem_record(
+                    problem, result, meta={**meta, "method": row["method"], "budget": row["budget"]}
+                )
+                records_out.write(json.dumps(record, ensure_ascii=False) + "\n")
     return rows
