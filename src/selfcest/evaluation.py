@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from selfcest.engine import GenerationEngine, SamplingConfig
+from selfcest.engine import EngineStats, GenerationEngine, SamplingConfig
 from selfcest.prompts import ANSWER_MARKER, THINKING_SYSTEM_PROMPT, qa_monolithic_question
 from selfcest.runtime import Episode, Runtime, RuntimeConfig, Task
 from selfcest.scoring import last_boxed, math_equivalent, normalize_answer, parse_last_integer
@@ -568,20 +568,17 @@ Unit = tuple[int, int]
 """One (method index, budget) of a cell: the piece of work a worker runs whole."""
 
 
-def _run_unit(unit: Unit) -> tuple[Unit, list[ProblemResult], float, dict[str, Any]]:
+def _run_unit(unit: Unit) -> tuple[Unit, list[ProblemResult], float, EngineStats | None]:
     """Run one (method, budget) on the cell's problems; also what the engine did meanwhile."""
     assert _CELL is not None, "the cell is set before any unit runs"
     evaluator, methods, problems = _CELL
-    stats = getattr(evaluator.engine, "stats", None)
-    before = (stats.calls, len(stats.batch_sizes), stats.generated_tokens) if stats else (0, 0, 0)
+    stats: EngineStats | None = getattr(evaluator.engine, "stats", None)
+    if stats is None:
+        results, seconds = evaluator.run(methods[unit[0]], problems, unit[1])
+        return unit, results, seconds, None
+    calls, batches, tokens = stats.calls, len(stats.batch_sizes), stats.generated_tokens
     results, seconds = evaluator.run(methods[unit[0]], problems, unit[1])
-    used: dict[str, Any] = {}
-    if stats:
-        used = {
-            "calls": stats.calls - before[0],
-            "batch_sizes": stats.batch_sizes[before[1] :],
-            "generated_tokens": stats.generated_tokens - before[2],
-        }
+    used = EngineStats(stats.calls - calls, stats.batch_sizes[batches:], stats.generated_tokens - tokens)
     return unit, results, seconds, used
 
 
@@ -616,10 +613,10 @@ def _run_units(
         stats = getattr(evaluator.engine, "stats", None)
         with multiprocessing.get_context("fork").Pool(min(workers, len(units))) as pool:
             for done, results, seconds, used in pool.imap_unordered(_run_unit, order):
-                if stats and used:  # the workers' engine calls, counted where the stage reads them
-                    stats.calls += used["calls"]
-                    stats.batch_sizes.extend(used["batch_sizes"])
-                    stats.generated_tokens += used["generated_tokens"]
+                if stats is not None and used is not None:  # the workers' calls, where the stage reads them
+                    stats.calls += used.calls
+                    stats.batch_sizes.extend(used.batch_sizes)
+                    stats.generated_tokens += used.generated_tokens
                 yield done, results, seconds
     finally:
         _CELL = None
