@@ -7,11 +7,18 @@ from typing import Any
 
 import pytest
 import torch
+from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from selfcest.model import load_model
 from selfcest.teachers import build_warmup_conversations
-from selfcest.warmup import WarmupConfig, run_warmup, tokenize_conversations, warmup_settings
+from selfcest.warmup import (
+    AssistantTokenLossSFTTrainer,
+    WarmupConfig,
+    run_warmup,
+    tokenize_conversations,
+    warmup_settings,
+)
 from stages.common import load_params
 
 
@@ -75,3 +82,40 @@ def test_warmup_settings_read_the_committed_params_and_refuse_unknown_keys() -> 
         warmup_settings({**warmup, "max_stepz": 3}, seed=7)
     with pytest.raises(TypeError, match="chunk_size"):
         warmup_settings({**warmup, "teacher": {"chunk_size": [2]}}, seed=7)
+
+
+def test_warmup_loss_and_gradients_are_trls_on_the_same_batch(
+    tiny_checkpoint: Path, tiny_tokenizer, tmp_path: Path
+) -> None:
+    """The warm-up's own loss (plain cross-entropy on the scored positions) is TRL's objective:
+    the same value, gradients and token accuracy as `SFTTrainer` on one collated batch."""
+    conversations = build_warmup_conversations(
+        [{"expr": "3+4-2"}, {"expr": "5-1+7+2"}, {"expr": "9-8"}], [], seed=0
+    )
+    dataset = tokenize_conversations(conversations, tiny_tokenizer, max_length=512).remove_columns(["kind"])
+    args = SFTConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_length=512,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+    )
+    results = []
+    for trainer_class in (SFTTrainer, AssistantTokenLossSFTTrainer):
+        model = load_model(tiny_checkpoint, dtype="float32")
+        trainer = trainer_class(
+            model=model, args=args, train_dataset=dataset, processing_class=tiny_tokenizer
+        )
+        batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])  # unequal lengths: padded
+        assert (batch["attention_mask"] == 0).any() and (batch["labels"] == -100).any()
+        model.train()
+        loss = trainer.compute_loss(model, dict(batch))
+        loss.backward()
+        gradient = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((loss.item(), gradient, trainer._metrics["train"]["mean_token_accuracy"][-1]))
+    (trl_loss, trl_gradient, trl_accuracy), (own_loss, own_gradient, own_accuracy) = results
+    assert own_loss == pytest.approx(trl_loss, rel=1e-5)
+    assert torch.allclose(own_gradient, trl_gradient, rtol=1e-4, atol=1e-7)
+    assert own_accuracy == pytest.approx(trl_accuracy)

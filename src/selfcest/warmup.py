@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl import SFTConfig, SFTTrainer
@@ -104,6 +105,43 @@ def tokenize_conversations(
     return Dataset.from_dict(rows)
 
 
+class AssistantTokenLossSFTTrainer(SFTTrainer):
+    """`SFTTrainer` whose loss is PyTorch's cross-entropy on the logits of the scored positions only.
+
+    Why not TRL's own loss: TRL 1.16 always computes it with its chunked LM-head kernel, which on a CPU
+    (no Triton) runs tile by tile in torch ops and recomputes every tile in backward. On the tiny model
+    (vocabulary 2,048) that kernel took a third of a warm-up step (profiled: 48 of 164 ms). The logits
+    of the positions that carry a label are a few MB here, so materialising them costs nothing worth
+    saving. Same objective: the summed negative log-likelihood of the assistant tokens over their count.
+    """
+
+    def compute_loss(
+        self,
+        model: PreTrainedModel,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        labels = inputs["labels"][:, 1:]  # position t predicts token t + 1
+        backbone_inputs = {key: value for key, value in inputs.items() if key != "labels"}
+        hidden = model.base_model(**backbone_inputs, use_cache=False).last_hidden_state[:, :-1]
+        scored = labels != -100
+        logits = model.get_output_embeddings()(hidden[scored])
+        targets = labels[scored]
+        count = scored.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch)
+        loss = F.cross_entropy(logits, targets, reduction="sum") / count.clamp(min=1)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * self.accelerator.num_processes  # DDP averages; the count spans every rank
+        mode = "train" if model.training else "eval"
+        with torch.no_grad():  # TRL's own metric names, so the logs read as before
+            accuracy = (logits.argmax(dim=-1) == targets).float().mean().item() if targets.numel() else 0.0
+        self._metrics[mode]["mean_token_accuracy"].append(accuracy)
+        if mode == "train":
+            self._total_train_tokens += int(inputs["attention_mask"].sum().item())
+        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+        return (loss, logits) if return_outputs else loss
+
+
 def run_warmup(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -151,7 +189,7 @@ def run_warmup(
         disable_tqdm=False,
         remove_unused_columns=True,
     )
-    trainer = SFTTrainer(
+    trainer = AssistantTokenLossSFTTrainer(
         model=model,
         args=args,
         train_dataset=dataset.remove_columns(["kind"]),
