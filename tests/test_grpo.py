@@ -13,9 +13,10 @@ import pytest
 import torch
 from grpo_helpers import make_trainer
 from transformers import TrainerCallback
+from trl import GRPOTrainer
 
 from selfcest.checkpoints import prepare_run_dir
-from selfcest.grpo import ROLE_CLONE, ROLE_PAD, ROLE_ROOT
+from selfcest.grpo import ROLE_CLONE, ROLE_PAD, ROLE_ROOT, SelfcestGRPOTrainer
 from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward, length_penalty
 from selfcest.runtime import AgentRecord, Episode
 
@@ -188,3 +189,31 @@ def test_two_processes_on_gloo(tiny_checkpoint: Path, tmp_path: Path) -> None:
     # (seen: "rank=1 ... rank=0 ..." on one line); match the reports anywhere in the output.
     reports = re.findall(r"rank=(\d) world=2 steps=2 ", result.stdout)
     assert sorted(reports) == ["0", "1"], result.stdout
+
+
+def test_log_probs_and_entropies_are_trls_with_their_gradients(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """The trainer's own per-token log-probs (plain logits) equal TRL's chunked kernel's, masks and
+    gradients included, on a real generation batch (left-padded prompts, right-padded completions)."""
+    trainer = make_trainer(tiny_checkpoint, tmp_path / "run")
+    batch, _ = generation_batch(trainer)
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    assert (attention_mask == 0).any()
+    keep = batch["completion_ids"].size(1)
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    results = []
+    for compute in (
+        GRPOTrainer._get_per_token_logps_and_entropies,
+        SelfcestGRPOTrainer._get_per_token_logps_and_entropies,
+    ):
+        logps, entropies, _ = compute(
+            trainer, trainer.model, input_ids, attention_mask, keep, batch_size=3, compute_entropy=True
+        )
+        grads = torch.autograd.grad((logps * 0.7).sum() + entropies.sum(), params, allow_unused=True)
+        results.append((logps.detach(), entropies.detach(), grads))
+    (trl_logps, trl_entropies, trl_grads), (own_logps, own_entropies, own_grads) = results
+    torch.testing.assert_close(own_logps, trl_logps, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(own_entropies, trl_entropies, atol=1e-5, rtol=1e-4)
+    assert (own_logps[batch["completion_mask"] == 0] == 0).all()
+    for ours, theirs in zip(own_grads, trl_grads, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,28 @@ def test_warmup_loss_and_gradients_are_trls_on_the_same_batch(
     assert own_loss == pytest.approx(trl_loss, rel=1e-5)
     assert torch.allclose(own_gradient, trl_gradient, rtol=1e-4, atol=1e-7)
     assert own_accuracy == pytest.approx(trl_accuracy)
+
+
+def test_batched_templating_keeps_order_ids_and_masks_of_one_call_per_conversation(tiny_tokenizer) -> None:
+    conversations = build_warmup_conversations(
+        [{"expr": "3+4-2"}, {"expr": "5-1+7+2"}, {"expr": "9-8"}, {"expr": "1+2+3+4+5-6"}], [], seed=0
+    )
+    assert {bool(c["tools"]) for c in conversations} == {True, False}  # both schemas, interleaved
+    dataset = tokenize_conversations(conversations, tiny_tokenizer, max_length=512, chunk_size=3)
+    for row, conversation in enumerate(conversations):
+        one = tiny_tokenizer.apply_chat_template(
+            conversation["messages"],
+            tools=json.loads(conversation["tools"]) if conversation["tools"] else None,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        assert dataset["input_ids"][row] == list(one["input_ids"])
+        assert dataset["assistant_masks"][row] == list(one["assistant_masks"])
+        assert dataset["kind"][row] == conversation["kind"] and dataset["length"][row] == len(
+            one["input_ids"]
+        )
+    with pytest.raises(
+        ValueError, match=r"conversation \d+ \(kind arith_\w+\) has no assistant token within 4"
+    ):
+        tokenize_conversations(conversations, tiny_tokenizer, max_length=4)
