@@ -187,7 +187,7 @@ class SelfcestGRPOTrainer(GRPOTrainer):
                 logits = model(
                     input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1, use_cache=False
                 ).logits
-            # Position t scores token t + 1, at the sampling temperature (as TRL's kernel does).
+            # Position t scores token t + 1; logits over TRL's `temperature`, as its kernel divides them.
             log_probs = (logits[:, :-1].float() / self.temperature).log_softmax(dim=-1)
             unscored = mask[:, -logits_to_keep:] == 0
             targets = ids[:, -logits_to_keep:].unsqueeze(-1)
