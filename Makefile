@@ -27,4 +27,5 @@ flow: setup
 
 test: setup-dev
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ruff check src stages flows tests benchmarks
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ruff format --check src stages flows tests benchmarks
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest

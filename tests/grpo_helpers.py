@@ -61,6 +61,7 @@ def make_trainer(
     *,
     gate: str = "protocol",
     seed: int = 0,
+    temperature: float = 1.0,
     callbacks: Any = (),
     **training: Any,
 ) -> SelfcestGRPOTrainer:
@@ -71,6 +72,7 @@ def make_trainer(
         runtime=RuntimeConfig(root_max_tokens=64, clone_max_tokens=16, episode_token_budget=256),
         reward=RewardConfig(),
         gate=GateConfig(mode=gate),
+        temperature=temperature,
         seed=seed,
         engine_factory=lambda _model, tok: ScriptedEngine(tok, policy),
     )

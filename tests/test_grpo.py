@@ -193,8 +193,10 @@ def test_two_processes_on_gloo(tiny_checkpoint: Path, tmp_path: Path) -> None:
 
 def test_log_probs_and_entropies_are_trls_with_their_gradients(tiny_checkpoint: Path, tmp_path: Path) -> None:
     """The trainer's own per-token log-probs (plain logits) equal TRL's chunked kernel's, masks and
-    gradients included, on a real generation batch (left-padded prompts, right-padded completions)."""
-    trainer = make_trainer(tiny_checkpoint, tmp_path / "run")
+    gradients included, on a real generation batch (left-padded prompts, right-padded completions),
+    and both are the log-probs of the rollouts' sampling temperature, not of temperature 1."""
+    trainer = make_trainer(tiny_checkpoint, tmp_path / "run", temperature=0.7)
+    assert trainer.temperature == 0.7
     batch, _ = generation_batch(trainer)
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -213,6 +215,11 @@ def test_log_probs_and_entropies_are_trls_with_their_gradients(tiny_checkpoint: 
         results.append((logps.detach(), entropies.detach(), grads))
     (trl_logps, trl_entropies, trl_grads), (own_logps, own_entropies, own_grads) = results
     torch.testing.assert_close(own_logps, trl_logps, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # the first completion token of row 0, from the logits by hand
+        logits = trainer.model(input_ids=input_ids[:1], attention_mask=attention_mask[:1]).logits
+    first = input_ids.size(1) - keep
+    by_hand = (logits[0, first - 1] / 0.7).log_softmax(-1)[input_ids[0, first]]
+    torch.testing.assert_close(own_logps[0, 0], by_hand, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(own_entropies, trl_entropies, atol=1e-5, rtol=1e-4)
     assert (own_logps[batch["completion_mask"] == 0] == 0).all()
     for ours, theirs in zip(own_grads, trl_grads, strict=True):

@@ -532,7 +532,12 @@ def test_summary_names_checkpoints_with_the_same_or_mixed_weights(tmp_path: Path
         ("warmup_model", "prompted", other),
     ):
         write_cell(
-            cells, "arithmetic", "ood", checkpoint, [r for r in rows if r["method"] == method], weights=weights
+            cells,
+            "arithmetic",
+            "ood",
+            checkpoint,
+            [r for r in rows if r["method"] == method],
+            weights=weights,
         )
     write_cell(cells, "arithmetic", "test", "warmup_model", [r for r in rows if r["method"] == "prompted"])
     sweep = load_sweep(cells)
@@ -550,10 +555,18 @@ def test_summary_names_checkpoints_with_the_same_or_mixed_weights(tmp_path: Path
     assert "measured on different weights" not in summary
 
     write_cell(
-        cells, "qa", "test", "warmup_model", [dict(r, dataset="qa", split="test") for r in rows[:1]], weights=same
+        cells,
+        "qa",
+        "test",
+        "warmup_model",
+        [dict(r, dataset="qa", split="test") for r in rows[:1]],
+        weights=same,
     )
     weights = checkpoint_weights(load_sweep(cells))
-    assert weights["warmup_model"]["mixed"] == [other, same] and weights["warmup_model"]["weights_sha256"] is None
+    assert (
+        weights["warmup_model"]["mixed"] == [other, same]
+        and weights["warmup_model"]["weights_sha256"] is None
+    )
     assert same_weight_groups(weights) == [["selfcest_model", "selfcest_nogate_model"]]
     summary = summary_markdown(
         load_sweep(cells), eval_params=params, settings=settings, claims={}, method_order=[]

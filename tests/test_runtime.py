@@ -85,6 +85,20 @@ def test_clones_of_all_roots_generate_in_one_batch(tiny_tokenizer) -> None:
     assert all(CLONE_SYSTEM_PROMPT in prompt for prompt in engine.batches[1])
 
 
+def test_engine_stats_of_a_later_run_add_back_to_the_whole(tiny_tokenizer) -> None:
+    """What a forked evaluation worker reports (`since` a copy) and its parent adds back (`add`)."""
+    engine = ScriptedEngine(tiny_tokenizer, splitting_policy)
+    runtime = Runtime(engine, RuntimeConfig())
+    runtime.run([Task("a", arithmetic_question("1+2+3+4+5+6"))])
+    before = engine.stats.copy()
+    runtime.run([Task(str(i), arithmetic_question("+".join(str(i + j) for j in range(6)))) for i in range(2)])
+    later = engine.stats.since(before)
+    assert (later.calls, later.batch_sizes) == (3, [2, 6, 2])
+    assert 0 < later.generated_tokens < engine.stats.generated_tokens
+    before.add(later)
+    assert before == engine.stats
+
+
 def test_budget_cuts_clone_grants_and_is_never_exceeded(tiny_tokenizer) -> None:
     engine = ScriptedEngine(tiny_tokenizer, splitting_policy)
     config = RuntimeConfig(episode_token_budget=120, root_reserve_tokens=10)

@@ -68,6 +68,23 @@ class EngineStats:
     batch_sizes: list[int] = field(default_factory=list)
     generated_tokens: int = 0
 
+    def since(self, earlier: EngineStats) -> EngineStats:
+        """What was done after `earlier`, a copy of these stats taken before (`EngineStats.copy`)."""
+        return EngineStats(
+            self.calls - earlier.calls,
+            self.batch_sizes[len(earlier.batch_sizes) :],
+            self.generated_tokens - earlier.generated_tokens,
+        )
+
+    def copy(self) -> EngineStats:
+        return EngineStats(self.calls, list(self.batch_sizes), self.generated_tokens)
+
+    def add(self, other: EngineStats) -> None:
+        """Count `other`'s work here too (a forked worker's, which its parent's stats never saw)."""
+        self.calls += other.calls
+        self.batch_sizes.extend(other.batch_sizes)
+        self.generated_tokens += other.generated_tokens
+
 
 class _PerRowMaxNewTokens(StoppingCriteria):
     """Stops each row at its own budget: `generate` only takes one `max_new_tokens` for the batch."""

@@ -576,10 +576,9 @@ def _run_unit(unit: Unit) -> tuple[Unit, list[ProblemResult], float, EngineStats
     if stats is None:
         results, seconds = evaluator.run(methods[unit[0]], problems, unit[1])
         return unit, results, seconds, None
-    calls, batches, tokens = stats.calls, len(stats.batch_sizes), stats.generated_tokens
+    before = stats.copy()
     results, seconds = evaluator.run(methods[unit[0]], problems, unit[1])
-    used = EngineStats(stats.calls - calls, stats.batch_sizes[batches:], stats.generated_tokens - tokens)
-    return unit, results, seconds, used
+    return unit, results, seconds, stats.since(before)
 
 
 def _run_units(
@@ -614,9 +613,7 @@ def _run_units(
         with multiprocessing.get_context("fork").Pool(min(workers, len(units))) as pool:
             for done, results, seconds, used in pool.imap_unordered(_run_unit, order):
                 if stats is not None and used is not None:  # the workers' calls, where the stage reads them
-                    stats.calls += used.calls
-                    stats.batch_sizes.extend(used.batch_sizes)
-                    stats.generated_tokens += used.generated_tokens
+                    stats.add(used)
                 yield done, results, seconds
     finally:
         _CELL = None

@@ -187,7 +187,7 @@ class SelfcestGRPOTrainer(GRPOTrainer):
                 logits = model(
                     input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1, use_cache=False
                 ).logits
-            # Position t scores token t + 1; logits over TRL's `temperature`, as its kernel divides them.
+            # Position t scores token t + 1; logits over the rollouts' temperature (`GRPOConfig.temperature`).
             log_probs = (logits[:, :-1].float() / self.temperature).log_softmax(dim=-1)
             unscored = mask[:, -logits_to_keep:] == 0
             targets = ids[:, -logits_to_keep:].unsqueeze(-1)
@@ -361,6 +361,9 @@ def build_trainer(
         num_generations=training.num_generations,
         steps_per_generation=1,  # one optimizer step per generation batch: on-policy, no stale log-probs
         gradient_accumulation_steps=1,
+        # The log-probs of the policy gradient are those of the distribution the rollouts sampled
+        # from: TRL divides the logits by this temperature, as its own generation would sample.
+        temperature=selfcest.temperature,
         beta=training.beta,
         epsilon=training.epsilon,
         loss_type=training.loss_type,

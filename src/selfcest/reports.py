@@ -742,10 +742,10 @@ def summary_markdown(
         ]
         for group in same_weight_groups(weights):
             methods = [f"`{m}`" for checkpoint in group for m in weights[checkpoint]["methods"]]
+            checkpoints = " and ".join(f"`{c}`" for c in group)
             notes.append(
-                "- " + " and ".join(f"`{c}`" for c in group) + " hold byte-identical weights, so "
-                + " and ".join(methods) + " are one model measured twice: nothing that separates "
-                "their rows comes from training."
+                f"- {checkpoints} hold byte-identical weights, so {' and '.join(methods)} are one model "
+                "measured twice: nothing that separates their rows comes from training."
             )
         lines += [*notes, ""] if notes else []
     if claims:
