@@ -150,11 +150,14 @@ class AssistantTokenLossSFTTrainer(SFTTrainer):
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes  # DDP averages; the count spans every rank
         mode = "train" if model.training else "eval"
-        with torch.no_grad():  # TRL's own metric names, so the logs read as before
-            accuracy = (logits.argmax(dim=-1) == targets).float().mean().item() if targets.numel() else 0.0
+        with torch.no_grad():  # TRL's own metrics, counted over every process as TRL counts them
+            gather = self.accelerator.gather_for_metrics
+            num_correct = gather((logits.argmax(dim=-1) == targets).sum()).sum()
+            num_valid = gather(scored.sum()).sum()
+            accuracy = (num_correct / num_valid).item() if num_valid > 0 else 0.0
+            if mode == "train":
+                self._total_train_tokens += gather(inputs["attention_mask"].sum()).sum().item()
         self._metrics[mode]["mean_token_accuracy"].append(accuracy)
-        if mode == "train":
-            self._total_train_tokens += int(inputs["attention_mask"].sum().item())
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
         return (loss, logits) if return_outputs else loss
 
