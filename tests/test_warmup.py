@@ -89,7 +89,7 @@ def test_warmup_loss_and_gradients_are_trls_on_the_same_batch(
     tiny_checkpoint: Path, tiny_tokenizer, tmp_path: Path
 ) -> None:
     """The warm-up's own loss (plain cross-entropy on the scored positions) is TRL's objective:
-    the same value, gradients and token accuracy as `SFTTrainer` on one collated batch."""
+    the same value, gradients, token accuracy and token count as `SFTTrainer` on one collated batch."""
     conversations = build_warmup_conversations(
         [{"expr": "3+4-2"}, {"expr": "5-1+7+2"}, {"expr": "9-8"}], [], seed=0
     )
@@ -115,11 +115,15 @@ def test_warmup_loss_and_gradients_are_trls_on_the_same_batch(
         loss = trainer.compute_loss(model, dict(batch))
         loss.backward()
         gradient = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-        results.append((loss.item(), gradient, trainer._metrics["train"]["mean_token_accuracy"][-1]))
-    (trl_loss, trl_gradient, trl_accuracy), (own_loss, own_gradient, own_accuracy) = results
+        metrics = trainer._metrics["train"]
+        results.append((loss.item(), gradient, metrics["mean_token_accuracy"][-1], metrics["num_tokens"]))
+    trl, own = results  # each: loss, gradient, token accuracy, token count
+    trl_loss, trl_gradient, trl_accuracy, trl_tokens = trl
+    own_loss, own_gradient, own_accuracy, own_tokens = own
     assert own_loss == pytest.approx(trl_loss, rel=1e-5)
     assert torch.allclose(own_gradient, trl_gradient, rtol=1e-4, atol=1e-7)
     assert own_accuracy == pytest.approx(trl_accuracy)
+    assert own_tokens == trl_tokens == [int(batch["attention_mask"].sum())]
 
 
 def test_batched_templating_keeps_order_ids_and_masks_of_one_call_per_conversation(tiny_tokenizer) -> None:
