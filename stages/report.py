@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
             reference_budget=settings[name.split("/", 1)[0]].reference_budget,
             min_gain=float(report.get("claim_min_gain", 0.15)),
             outcomes=reports.load_outcomes(sweep, name),
+            resamples=int((eval_params.get("sweep") or {}).get("bootstrap_resamples", 1000)),
+            min_correct=int(report.get("claim_min_correct", 5)),
         )
         for name in report.get("claim_splits") or []
     }

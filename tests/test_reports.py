@@ -15,6 +15,8 @@ import yaml
 from expectations import REQUIRED_SWEEP_COLUMNS
 
 from selfcest.reports import (
+    AT_FLOOR,
+    BELOW_MARGIN,
     EQUAL_ACCURACY,
     FAILS,
     HOLDS,
@@ -38,7 +40,7 @@ from selfcest.reports import (
     settings_for,
     summary_markdown,
 )
-from selfcest.stats import paired_gap
+from selfcest.stats import paired_gap, sign_test, wilson_interval
 
 REPO = Path(__file__).resolve().parents[1]
 BUDGETS = [100, 200, 400]
@@ -483,8 +485,9 @@ def test_missing_methods_from_params() -> None:
 
 
 def test_claims_a_and_c_give_the_paired_interval_of_their_gap() -> None:
-    """With per-problem outcomes, (a) and (c) report the paired bootstrap interval of the gap; the
-    verdicts stay on point estimates. A large consistent gap excludes 0, a one-problem gap does not."""
+    """With per-problem outcomes, (a) and (c) report the paired bootstrap interval of the gap and the
+    sign test; the verdicts stay on point estimates. A consistent 10-problem gain is significant but
+    its interval reaches below (a)'s 15-point margin; a one-problem gap is noise."""
     problems = [f"p{i}" for i in range(40)]
     outcomes = {
         ("base", 400): {p: float(i < 22) for i, p in enumerate(problems)},  # 55%
@@ -497,15 +500,13 @@ def test_claims_a_and_c_give_the_paired_interval_of_their_gap() -> None:
     )
     a, c = claims[0], claims[2]
     assert [x.status for x in claims] == [HOLDS] * 4  # the same verdicts as without outcomes
-    assert a.caveat == "" and c.caveat == WITHIN_NOISE and c.verdict == f"{HOLDS} ({WITHIN_NOISE})"
-    low, high = (
-        float(v) for v in re.search(r"gap \[([-+\d.]+), ([-+\d.]+)\] pts, 40 problems", a.detail).groups()
-    )
-    assert 0 < low <= 25.0 <= high  # every flip is a gain, so the interval stays above 0
-    low, high = (
-        float(v) for v in re.search(r"gap \[([-+\d.]+), ([-+\d.]+)\] pts, 40 problems", c.detail).groups()
-    )
-    assert low <= 0 < high  # a single problem's difference is noise
+    assert a.caveat == BELOW_MARGIN and c.caveat == WITHIN_NOISE and c.verdict == f"{HOLDS} ({WITHIN_NOISE})"
+    pattern = r"gap \[([-+\d.]+), ([-+\d.]+)\] pts; sign test over the (\d+) problems where they differ: (\d+) for, (\d+) against, p = ([\d.e-]+); 40 problems"
+    low, high, differ, wins, losses, p_value = (float(v) for v in re.search(pattern, a.detail).groups())
+    assert 0 < low < 15.0 and high >= 25.0  # every flip is a gain: above 0, not clearly above 15
+    assert (differ, wins, losses) == (10, 10, 0) and p_value == pytest.approx(2 / 2**10, rel=1e-2)
+    low, high, differ, wins, losses, p_value = (float(v) for v in re.search(pattern, c.detail).groups())
+    assert low <= 0 < high and (differ, wins, losses, p_value) == (1, 1, 0, 1.0)  # one problem: noise
     without = check_claims(strong_sweep(), roles=ROLES, budgets=BUDGETS, reference_budget=200)
     assert "bootstrap" not in without[0].detail + without[2].detail
 
@@ -572,3 +573,49 @@ def test_summary_names_checkpoints_with_the_same_or_mixed_weights(tmp_path: Path
         load_sweep(cells), eval_params=params, settings=settings, claims={}, method_order=[]
     )
     assert "- `warmup_model`: its cells were measured on different weights" in summary
+
+
+def test_claim_a_without_caveat_when_the_margin_is_clear() -> None:
+    """A gap whose sign test is significant and whose paired interval stays above the margin is
+    plain HOLDS; the same point gap from a few problems that differ is WITHIN_NOISE."""
+    rows = [row("selfcest", 100, 0.9, 80), row("base", 100, 0.3, 90)]
+    problems = [f"p{i}" for i in range(40)]
+    clear = {
+        ("selfcest", 100): {p: float(i < 36) for i, p in enumerate(problems)},
+        ("base", 100): {
+            p: float(i < 12) for i, p in enumerate(problems)
+        },  # right on a subset: 24 for, 0 against
+    }
+    assert claim_beats_base(rows, "selfcest", "base", 0.15, clear).verdict == HOLDS
+    few = {
+        ("selfcest", 100): {"p0": 1.0, "p1": 1.0, "p2": 0.0},
+        ("base", 100): {"p0": 0.0, "p1": 0.0, "p2": 0.0},
+    }
+    claim = claim_beats_base(rows, "selfcest", "base", 0.15, few)
+    assert claim.status == HOLDS and claim.caveat == WITHIN_NOISE  # 2 for, 0 against: p = 0.5
+
+
+def test_claim_d_at_the_floor_says_so() -> None:
+    """(d) on a base level set by fewer right answers than `min_correct` holds with AT_FLOOR; the
+    detail gives the count."""
+    rows = [row("base", 100, 1 / 50, 90, 90), row("selfcest", 100, 2 / 50, 70, 60)]
+    claim = claim_critical_path(rows, "selfcest", "base")
+    assert claim.status == HOLDS and claim.caveat == AT_FLOOR and "(1 of 50 problems right)" in claim.detail
+    assert claim_critical_path(rows, "selfcest", "base", min_correct=1).caveat == ""
+    rows = [row("base", 100, 0.4, 90, 90), row("selfcest", 100, 0.5, 70, 60)]
+    assert claim_critical_path(rows, "selfcest", "base").verdict == HOLDS
+
+
+def test_wilson_interval_and_sign_test() -> None:
+    low, high = wilson_interval(0, 48)
+    assert low == 0.0 and high == pytest.approx(0.0741, abs=1e-4)  # the bootstrap's would be [0, 0]
+    low, high = wilson_interval(48, 48)
+    assert high == pytest.approx(1.0) and low == pytest.approx(0.9259, abs=1e-4)
+    low, high = wilson_interval(24, 48)
+    assert low == pytest.approx(1 - high) and low == pytest.approx(0.3636, abs=1e-3)
+    assert all(math.isnan(v) for v in wilson_interval(0, 0))
+    ours = {f"p{i}": 1.0 for i in range(6)} | {"q": 0.0, "tie": 1.0}
+    theirs = {f"p{i}": 0.0 for i in range(6)} | {"q": 1.0, "tie": 1.0, "only-theirs": 1.0}
+    wins, losses, p_value = sign_test(ours, theirs)
+    assert (wins, losses) == (6, 1) and p_value == pytest.approx(2 * 8 / 128)  # exact binomial, two-sided
+    assert sign_test({"a": 1.0}, {"a": 1.0}) == (0, 0, 1.0)

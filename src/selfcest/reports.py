@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from selfcest.stats import paired_gap
+from selfcest.stats import paired_gap, sign_test, wilson_interval
 
 HOLDS = "HOLDS"
 FAILS = "DOES NOT HOLD"
@@ -46,6 +46,8 @@ COLUMNS = [
     "accuracy",
     "ci_low",
     "ci_high",
+    "wilson_low",
+    "wilson_high",
     "f1",
     "f1_ci_low",
     "f1_ci_high",
@@ -145,8 +147,24 @@ def load_sweep(root: Path | str, allowed: set[tuple[str, str, str]] | None = Non
         cells.append(payload)
         dirs[(payload["dataset"], payload["split"], payload["checkpoint"])] = path.parent
         for row in cell_rows:
-            rows.append({**row, "benchmark": benchmark(row["dataset"], row["split"])})
+            rows.append({**row, "benchmark": benchmark(row["dataset"], row["split"]), **_wilson(row)})
     return Sweep(rows, cells, dirs)
+
+
+def _accuracy_interval(row: Mapping[str, Any]) -> tuple[float, float]:
+    """A row's Wilson interval (computed when the row did not come through `load_sweep`)."""
+    if "wilson_low" not in row:
+        row = {**row, **_wilson(row)}
+    return row["wilson_low"], row["wilson_high"]
+
+
+def _wilson(row: Mapping[str, Any]) -> dict[str, float]:
+    """The accuracy's Wilson 95% interval (`wilson_low`, `wilson_high`), from its n and mean.
+
+    The cells' `ci_low`/`ci_high` are the percentile bootstrap the sweep asks for; at 0/n and n/n it
+    has zero width, so the summary shows this interval for accuracy and the CSV carries both."""
+    low, high = wilson_interval(float(row["accuracy"]) * int(row["n"]), int(row["n"]))
+    return {"wilson_low": low, "wilson_high": high}
 
 
 def checkpoint_weights(sweep: Sweep) -> dict[str, dict[str, Any]]:
@@ -198,20 +216,47 @@ def load_outcomes(sweep: Sweep, name: str) -> dict[tuple[str, int], dict[str, fl
     return outcomes
 
 
-def _paired_gap(
-    outcomes: Outcomes | None, ours: tuple[str, int], theirs: tuple[str, int]
-) -> tuple[str, float | None]:
-    """(` (paired bootstrap 95% interval of the gap [low, high] pts, n problems)`, low), or ("", None)
-    without outcomes for both."""
+@dataclass
+class PairedEvidence:
+    """How two methods' per-problem outcomes compare: the paired bootstrap interval of the gap and
+    the exact sign test over the problems where they differ."""
+
+    low: float
+    high: float
+    wins: int
+    losses: int
+    p_value: float
+    n: int
+
+    @property
+    def text(self) -> str:
+        return (
+            f" (paired bootstrap 95% interval of the gap [{100 * self.low:+.1f}, {100 * self.high:+.1f}] pts; "
+            f"sign test over the {self.wins + self.losses} problems where they differ: {self.wins} for, "
+            f"{self.losses} against, p = {self.p_value:.3g}; {self.n} problems)"
+        )
+
+    @property
+    def significant(self) -> bool:
+        return self.p_value < SIGNIFICANCE
+
+
+SIGNIFICANCE = 0.05
+"""A gap counts as distinguishable from noise when the exact sign test's p is below this."""
+
+
+def _paired_evidence(
+    outcomes: Outcomes | None, ours: tuple[str, int], theirs: tuple[str, int], resamples: int = 1000
+) -> PairedEvidence | None:
+    """The evidence of `ours` against `theirs` ((method, budget) pairs), or None without outcomes for
+    both or without a problem in common."""
     if not outcomes or ours not in outcomes or theirs not in outcomes:
-        return "", None
-    _, low, high, n = paired_gap(outcomes[ours], outcomes[theirs], seed=0)
+        return None
+    _, low, high, n = paired_gap(outcomes[ours], outcomes[theirs], resamples=resamples, seed=0)
     if n == 0:
-        return "", None
-    text = (
-        f" (paired bootstrap 95% interval of the gap [{100 * low:+.1f}, {100 * high:+.1f}] pts, {n} problems)"
-    )
-    return text, low
+        return None
+    wins, losses, p_value = sign_test(outcomes[ours], outcomes[theirs])
+    return PairedEvidence(low, high, wins, losses, p_value, n)
 
 
 def method_applies(values: Mapping[str, Any] | None, dataset: str) -> bool:
@@ -346,7 +391,12 @@ def combined_frontier(rows: Sequence[Mapping[str, Any]], cost: str = "gen_tokens
 
 # --------------------------------------------------------------------------- claims
 WITHIN_NOISE = "gap within noise"
-"""Caveat of a claim that holds on a gap whose paired 95% interval reaches 0 or below."""
+"""Caveat of a claim that holds on an accuracy gap the exact sign test does not tell from noise
+(p >= SIGNIFICANCE over the problems where the two methods differ)."""
+BELOW_MARGIN = "margin within noise"
+"""Caveat of (a) when the gap is significant but its paired 95% interval reaches below the margin."""
+AT_FLOOR = "at the floor"
+"""Caveat of (d) when base's accuracy level is set by fewer right answers than `min_correct`."""
 TIES_ONLY = "ties only"
 """Caveat of (b) when selfcest is at, never above, the best rival at every budget."""
 EQUAL_ACCURACY = "equal accuracy"
@@ -360,7 +410,8 @@ class Claim:
     status: str
     detail: str
     caveat: str = ""
-    """Why a claim that holds as stated is weak evidence (WITHIN_NOISE, TIES_ONLY, EQUAL_ACCURACY),
+    """Why a claim that holds as stated is weak evidence (WITHIN_NOISE, BELOW_MARGIN, TIES_ONLY,
+    EQUAL_ACCURACY, AT_FLOOR),
     so that the summary's verdict says it next to HOLDS instead of leaving it to the reader."""
 
     @property
@@ -386,10 +437,14 @@ def claim_beats_base(
     base: str,
     min_gain: float,
     outcomes: Outcomes | None = None,
+    resamples: int = 1000,
 ) -> Claim:
     """(a) At some budget of the sweep, with the same tree-wide budget for both, selfcest's accuracy
     minus base's is at least `min_gain` (0.15 = 15 points). Compared on point estimates; every
-    budget's gap is reported, and with per-problem `outcomes` the largest gap's paired interval."""
+    budget's gap is reported, and with per-problem `outcomes` the largest gap's paired evidence: a
+    sign test that cannot tell the gap from 0 gives WITHIN_NOISE, a paired interval reaching below
+    `min_gain` BELOW_MARGIN. The budget is the one with the largest gap, chosen after the fact; the
+    detail lists every budget's gap so that the choice is visible."""
     statement = f"{selfcest} beats {base} by >= {100 * min_gain:.0f} accuracy points at a matched budget"
     ours, theirs = _by_budget(rows, selfcest), _by_budget(rows, base)
     budgets = sorted(set(ours) & set(theirs))
@@ -402,13 +457,19 @@ def claim_beats_base(
         f"budget {b}: {_pct(ours[b]['accuracy'])} vs {_pct(theirs[b]['accuracy'])} ({100 * gaps[b]:+.1f} pts)"
         for b in budgets
     )
-    interval, low = _paired_gap(outcomes, (selfcest, best), (base, best))
+    evidence = _paired_evidence(outcomes, (selfcest, best), (base, best), resamples)
+    caveat = ""
+    if status == HOLDS and evidence is not None:
+        if not evidence.significant:
+            caveat = WITHIN_NOISE
+        elif evidence.low < min_gain - EPS:
+            caveat = BELOW_MARGIN
     return Claim(
         "a",
         statement,
         status,
-        f"largest gap {100 * gaps[best]:+.1f} pts at budget {best}{interval}. {detail}",
-        WITHIN_NOISE if status == HOLDS and low is not None and low <= EPS else "",
+        f"largest gap {100 * gaps[best]:+.1f} pts at budget {best}{evidence.text if evidence else ''}. {detail}",
+        caveat,
     )
 
 
@@ -447,6 +508,7 @@ def claim_beats_prompted(
     prompted: str,
     reference_budget: int,
     outcomes: Outcomes | None = None,
+    resamples: int = 1000,
 ) -> Claim:
     """(c) At the reference budget, selfcest has higher accuracy than prompted (the same checkpoint
     before RL with the same tool), or equal accuracy with fewer mean generated tokens. Not checked
@@ -472,21 +534,25 @@ def claim_beats_prompted(
         )
     better = a["accuracy"] > b["accuracy"] + EPS
     tie_cheaper = abs(a["accuracy"] - b["accuracy"]) <= EPS and a["gen_tokens"] < b["gen_tokens"]
-    interval, low = _paired_gap(outcomes, (selfcest, reference_budget), (prompted, reference_budget))
+    evidence = _paired_evidence(
+        outcomes, (selfcest, reference_budget), (prompted, reference_budget), resamples
+    )
     detail = (
         f"at budget {reference_budget}: {_pct(a['accuracy'])} with {a['gen_tokens']:.0f} generated tokens vs "
-        f"{_pct(b['accuracy'])} with {b['gen_tokens']:.0f}{interval}"
+        f"{_pct(b['accuracy'])} with {b['gen_tokens']:.0f}{evidence.text if evidence else ''}"
     )
-    caveat = (
-        EQUAL_ACCURACY if tie_cheaper else (WITHIN_NOISE if better and low is not None and low <= EPS else "")
-    )
+    noisy = better and evidence is not None and not evidence.significant
+    caveat = EQUAL_ACCURACY if tie_cheaper else (WITHIN_NOISE if noisy else "")
     return Claim("c", statement, HOLDS if better or tie_cheaper else FAILS, detail, caveat)
 
 
-def claim_critical_path(rows: Sequence[Mapping[str, Any]], selfcest: str, base: str) -> Claim:
+def claim_critical_path(
+    rows: Sequence[Mapping[str, Any]], selfcest: str, base: str, min_correct: int = 5
+) -> Claim:
     """(d) Take base's most accurate point q (ties: fewest critical-path tokens). The claim holds when
     some selfcest point reaches at least q's accuracy with fewer mean critical-path tokens than q.
-    Not checked when base is never right (no accuracy level to match)."""
+    Not checked when base is never right (no accuracy level to match); AT_FLOOR when q is right on
+    fewer than `min_correct` problems, where matching its accuracy says little about solving."""
     statement = f"{selfcest} needs fewer critical-path tokens than {base} at equal or better accuracy"
     ours, theirs = [r for r in rows if r["method"] == selfcest], [r for r in rows if r["method"] == base]
     if not ours or not theirs:
@@ -505,12 +571,14 @@ def claim_critical_path(rows: Sequence[Mapping[str, Any]], selfcest: str, base: 
         )
     p = min(matching, key=lambda r: r["critical_tokens"])
     status = HOLDS if p["critical_tokens"] < q["critical_tokens"] else FAILS
+    base_correct = round(q["accuracy"] * int(q["n"]))
     return Claim(
         "d",
         statement,
         status,
-        f"{reference}; {selfcest} at budget {p['budget']}: {_pct(p['accuracy'])} with {p['critical_tokens']:.0f} "
-        f"({p['critical_tokens'] - q['critical_tokens']:+.0f})",
+        f"{reference} ({base_correct} of {int(q['n'])} problems right); {selfcest} at budget {p['budget']}: "
+        f"{_pct(p['accuracy'])} with {p['critical_tokens']:.0f} ({p['critical_tokens'] - q['critical_tokens']:+.0f})",
+        AT_FLOOR if status == HOLDS and base_correct < min_correct else "",
     )
 
 
@@ -522,12 +590,16 @@ def check_claims(
     reference_budget: int,
     min_gain: float = 0.15,
     outcomes: Outcomes | None = None,
+    resamples: int = 1000,
+    min_correct: int = 5,
 ) -> list[Claim]:
     """The four claims on one benchmark's rows; `roles` maps selfcest/base/prompted/rivals to method names.
 
     Verdicts compare point estimates, as the claims are stated; with per-problem `outcomes` (see
-    `load_outcomes`) the details of (a) and (c) add the paired bootstrap interval of the gap, which
-    says whether a gap of that size is distinguishable from noise at the number of problems."""
+    `load_outcomes`) the details of (a) and (c) add the paired bootstrap interval of the gap
+    (`resamples` resamples) and the exact sign test, which say whether a gap of that size is
+    distinguishable from noise at the number of problems; (d) flags a base accuracy level set by
+    fewer than `min_correct` right answers."""
     selfcest, base, prompted = (
         roles.get("selfcest", "selfcest"),
         roles.get("base", "base"),
@@ -535,10 +607,10 @@ def check_claims(
     )
     rivals = list(roles.get("rivals") or [])
     return [
-        claim_beats_base(rows, selfcest, base, min_gain, outcomes),
+        claim_beats_base(rows, selfcest, base, min_gain, outcomes, resamples),
         claim_frontier(rows, selfcest, rivals, budgets),
-        claim_beats_prompted(rows, selfcest, prompted, reference_budget, outcomes),
-        claim_critical_path(rows, selfcest, base),
+        claim_beats_prompted(rows, selfcest, prompted, reference_budget, outcomes, resamples),
+        claim_critical_path(rows, selfcest, base, min_correct),
     ]
 
 
@@ -624,13 +696,16 @@ def plot_benchmark(
             points = sorted((r for r in rows if r["method"] == method), key=lambda r: r["budget"])
             xs = [r[cost] for r in points]
             ys = [r["accuracy"] for r in points]
+            intervals = [
+                _accuracy_interval(r) for r in points
+            ]  # Wilson: the bootstrap's is 0 wide at 0/n, n/n
             low = [
-                max(0.0, y - r["ci_low"]) if not math.isnan(r["ci_low"]) else 0.0
-                for y, r in zip(ys, points, strict=True)
+                max(0.0, y - lo) if not math.isnan(lo) else 0.0
+                for y, (lo, _) in zip(ys, intervals, strict=True)
             ]
             high = [
-                max(0.0, r["ci_high"] - y) if not math.isnan(r["ci_high"]) else 0.0
-                for y, r in zip(ys, points, strict=True)
+                max(0.0, hi - y) if not math.isnan(hi) else 0.0
+                for y, (_, hi) in zip(ys, intervals, strict=True)
             ]
             ax.errorbar(
                 xs,
@@ -764,11 +839,16 @@ def summary_markdown(
         lines += [
             "",
             "Verdicts compare point estimates, as the claims are stated. Where per-problem results are",
-            "at hand, (a) and (c) also give the paired bootstrap 95% interval of the gap: an interval",
-            "that includes 0 means the gap is not distinguishable from noise at this number of problems.",
-            f"A verdict in brackets holds as stated but on weak evidence: `{WITHIN_NOISE}` (that interval",
-            f"reaches 0), `{TIES_ONLY}` ((b): never above the best rival, only level with it), `{EQUAL_ACCURACY}`",
-            "((c): the same accuracy as prompted, fewer tokens).",
+            "at hand, (a) and (c) also give the paired bootstrap 95% interval of the gap and an exact",
+            "sign test over the problems where the two methods differ (McNemar's test for right/wrong).",
+            f"A verdict in brackets holds as stated but on weak evidence: `{WITHIN_NOISE}` (sign test",
+            f"p >= {SIGNIFICANCE}: the gap is not distinguishable from noise at this number of problems),",
+            f"`{BELOW_MARGIN}` ((a): significant, but the interval reaches below the margin), `{TIES_ONLY}`",
+            f"((b): never above the best rival, only level with it), `{EQUAL_ACCURACY}` ((c): the same",
+            f"accuracy as prompted, fewer tokens), `{AT_FLOOR}` ((d): base's accuracy level rests on fewer",
+            "right answers than `eval.report.claim_min_correct`). Accuracy intervals in the tables are",
+            "Wilson 95% intervals (`wilson_low`/`wilson_high` in `sweep.csv`, beside the bootstrap's",
+            "`ci_low`/`ci_high`, which has zero width when every problem is right or every one wrong).",
             "",
         ]
     for name in sweep.benchmarks():
@@ -780,7 +860,7 @@ def summary_markdown(
         has_f1 = any(r.get("f1") is not None for r in rows)
         n = max((int(r["n"]) for r in rows), default=0)
         lines += [f"## `{name}` ({n} problems)", ""]
-        header = ["method", f"acc @{reference_budget} [95% CI]"] + (["F1"] if has_f1 else [])
+        header = ["method", f"acc @{reference_budget} [Wilson 95% CI]"] + (["F1"] if has_f1 else [])
         header += [
             "gen tok",
             "total tok",
@@ -801,7 +881,7 @@ def summary_markdown(
             else:
                 cells = [
                     f"`{method}`",
-                    f"{_pct(at['accuracy'])} [{_pct(at['ci_low'])}, {_pct(at['ci_high'])}]",
+                    "{} [{}, {}]".format(_pct(at["accuracy"]), *map(_pct, _accuracy_interval(at))),
                 ]
                 if has_f1:
                     cells.append(_md_num(at.get("f1"), 3))
@@ -826,19 +906,26 @@ def summary_markdown(
                 ) + f"`{method}` {areas[method]:.3f}"
             lines += [f"Frontier area ranking (generated tokens): {text}.", ""]
         for cost in ("gen_tokens", "critical_tokens"):
-            segments = [seg for seg in combined_frontier(rows, cost) if seg["accuracy"] > EPS]
-            lines.append(f"On the all-methods frontier ({COSTS[cost]}):")
+            # A segment narrower than one token (two methods' mean costs a fraction apart) owns no
+            # cost a reader could choose, and its margin would compare against a point just beyond it.
+            segments = [
+                seg
+                for seg in combined_frontier(rows, cost)
+                if seg["accuracy"] > EPS and (seg["to"] is None or seg["to"] - seg["from"] >= 1.0)
+            ]
+            lines.append(f"On the all-methods frontier ({COSTS[cost]}; spans under one token left out):")
             if not segments:
                 lines.append("- no method gets any problem right at any budget")
             for s in segments:
                 span = f"from {s['from']:.0f}" + (
                     f" to {s['to']:.0f} tokens" if s["to"] is not None else " tokens upwards"
                 )
-                lead = (
-                    f", {100 * s['margin']:+.1f} pts over the best other method (`{s['runner_up']}`) at that cost"
-                    if s["runner_up"]
-                    else ""
-                )
+                if not s["runner_up"]:
+                    lead = ""
+                elif s["margin"] <= EPS:
+                    lead = f", level with `{s['runner_up']}` at that cost"
+                else:
+                    lead = f", {100 * s['margin']:+.1f} pts over the best other method (`{s['runner_up']}`) at that cost"
                 lines.append(
                     f"- {span}: `{s['method']}` (budget {s['budget']}) at {_pct(s['accuracy'])}{lead}"
                 )
