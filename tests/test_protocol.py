@@ -134,3 +134,25 @@ def test_any_json_arguments_never_raise(arguments: object) -> None:
     text = "<tool_call>" + json.dumps({"name": "spawn_clone", "arguments": arguments}) + "</tool_call>"
     parsed = parse_tool_calls(text, max_calls=2, max_objectives=3)
     assert parsed.calls or parsed.errors
+
+
+def test_tool_message_truncation_stays_within_its_token_limit(tiny_tokenizer) -> None:
+    """Cutting multi-byte characters mid-way used to leave U+FFFD and re-encode past the limit."""
+    outcomes = [CloneOutcome("🙂" * 40), CloneOutcome("é" * 50 + " done")]
+    message = format_tool_response(1, outcomes, tiny_tokenizer, line_max_tokens=16, message_max_tokens=24)
+    assert "\ufffd" not in message
+    assert len(tiny_tokenizer.encode(message, add_special_tokens=False)) <= 24
+    for line in message.split("\n"):
+        assert len(tiny_tokenizer.encode(line, add_special_tokens=False)) <= 16
+
+
+def test_an_unparseable_number_costs_one_call_not_the_turn() -> None:
+    huge = "9" * 5000  # json.loads raises ValueError (not JSONDecodeError) past 4,300 digits
+    bad = (
+        '<tool_call>{"name": "spawn_clone", "arguments": {"objectives": [{"task": "x", "max_tokens": '
+        + huge
+        + "}]}}</tool_call>"
+    )
+    good = '<tool_call>{"name": "spawn_clone", "arguments": {"objectives": [{"task": "Add 1 and 2."}]}}</tool_call>'
+    parsed = parse_tool_calls(bad + good, max_calls=2, max_objectives=4)
+    assert [o.task for call in parsed.calls for o in call.objectives][-1] == "Add 1 and 2."

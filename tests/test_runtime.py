@@ -240,3 +240,92 @@ def test_greedy_runs_on_a_real_model_are_deterministic(tiny_model, tiny_tokenize
     ]
     assert strip(sampled[0]) == strip(sampled[1])
     assert strip(sampled[0]) != strip(sampled[2])
+
+
+def test_micro_batches_draw_from_their_own_random_streams(tiny_model, tiny_tokenizer) -> None:
+    """Identical prompts split over micro-batches must not repeat one another's samples (each
+    micro-batch used to be seeded with the call's seed, so row r of every one drew the same numbers);
+    the same call with the same seed still gives the same tokens."""
+    from selfcest.engine import GenerationRequest, micro_batch_seed
+
+    prompt = tiny_tokenizer.encode(
+        "<|im_start|>user\nCalculate the value of 1+2.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    requests = [GenerationRequest(prompt, 12)] * 8
+    sampling = SamplingConfig(temperature=1.0, seed=5)
+    engine = TransformersEngine(tiny_model, tiny_tokenizer, max_batch_size=2)
+    first = [tuple(r.token_ids) for r in engine.generate(requests, sampling)]
+    assert engine.stats.batch_sizes == [2, 2, 2, 2]  # one entry per micro-batch the engine ran
+    assert first == [tuple(r.token_ids) for r in engine.generate(requests, sampling)]
+    assert first[0::2] != [first[0]] * 4  # row 0 of the four micro-batches: not one sample four times
+    seeds = {micro_batch_seed(seed, batch) for seed in range(4) for batch in range(4)}
+    assert len(seeds) == 16 and micro_batch_seed(7, 0) == 7
+
+
+def test_the_checkpoints_generation_config_does_not_leak_into_sampling(tiny_model, tiny_tokenizer) -> None:
+    """Only `SamplingConfig` decides how tokens are drawn: a repetition penalty or n-gram ban saved
+    in the checkpoint's generation config must not change greedy decoding (the argmax chain)."""
+    import copy
+
+    import torch
+
+    prompt = tiny_tokenizer.encode(
+        "<|im_start|>user\nCalculate the value of 3+4+5.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    ids, argmax = torch.tensor([prompt]), []
+    with torch.no_grad():
+        for _ in range(16):
+            argmax.append(int(tiny_model(ids).logits[0, -1].argmax()))
+            ids = torch.cat([ids, torch.tensor([[argmax[-1]]])], dim=1)
+    model = copy.deepcopy(tiny_model)
+    model.generation_config.repetition_penalty = 5.0
+    model.generation_config.no_repeat_ngram_size = 1
+    from selfcest.engine import GenerationRequest
+
+    [result] = TransformersEngine(model, tiny_tokenizer).generate(
+        [GenerationRequest(prompt, 16)], SamplingConfig()
+    )
+    engine = TransformersEngine(tiny_model, tiny_tokenizer)
+    stop = next((i for i, t in enumerate(argmax) if t in engine.stop_ids), len(argmax) - 1)
+    assert result.token_ids == argmax[: stop + 1]
+
+
+def test_a_special_token_generated_mid_turn_does_not_break_the_batch(tiny_tokenizer) -> None:
+    """The root's history keeps a stray special token as generated, so the template re-renders the
+    turn verbatim and the episode goes on (it used to raise and abort every episode of the batch)."""
+    call = spawn([{"task": "Calculate the value of 1+2."}])
+
+    def policy(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt or "<tool_response>" in last_user(prompt):
+            return "Answer: 3"
+        return "1+2<|endoftext|>" + call
+
+    tasks = [Task("a", arithmetic_question("1+2")), Task("b", arithmetic_question("2+1"))]
+    episodes = Runtime(ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig()).run(tasks)
+    assert [e.final_answer for e in episodes] == ["3", "3"]
+    for episode in episodes:
+        check_accounting(episode)
+
+
+def test_an_answer_cut_by_the_token_limit_is_not_an_answer(tiny_tokenizer) -> None:
+    """A clone whose `Answer:` line is cut by its max_tokens ("Answer: 1" of 1234) is `truncated`,
+    so the root is told it failed and the training gate treats it as unfinished."""
+
+    def policy(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return "Answer: 1234"
+        if "<tool_response>" in last_user(prompt):
+            return "Answer: 0"
+        return spawn(
+            [
+                {"task": "Calculate the value of 1000+234.", "max_tokens": 4},
+                {"task": "Say 5.", "max_tokens": 8},
+            ]
+        )
+
+    engine = ScriptedEngine(tiny_tokenizer, policy)
+    [episode] = Runtime(engine, RuntimeConfig()).run([Task("t", arithmetic_question("1000+234"))])
+    cut, whole = episode.agents[1], episode.agents[2]
+    assert cut.turns[-1].finish_reason == "length" and cut.turns[-1].text.startswith("Answer:")
+    assert (cut.status, cut.answer) == ("truncated", None) and whole.status == "ok"
+    assert "turn1_clone0: failed" in tiny_tokenizer.decode(episode.root.token_ids)

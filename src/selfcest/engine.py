@@ -11,8 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import numpy as np
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from selfcest.tokenizer import stop_token_ids
 
@@ -46,7 +53,8 @@ class SamplingConfig:
     """0 means greedy decoding."""
     top_p: float = 1.0
     seed: int = 0
-    """Seeds sampling; the same batch with the same seed gives the same tokens."""
+    """Seeds sampling; the same batch with the same seed gives the same tokens. Each micro-batch of
+    one call draws from its own stream derived from this seed (`micro_batch_seed`)."""
     return_logprobs: bool = False
 
 
@@ -65,7 +73,9 @@ class EngineStats:
     """What an engine did, for tests and benchmarks (e.g. that clones of all roots shared a batch)."""
 
     calls: int = 0
+    """`generate` calls."""
     batch_sizes: list[int] = field(default_factory=list)
+    """Requests per forward batch, in order: one entry per micro-batch the engine ran."""
     generated_tokens: int = 0
 
     def since(self, earlier: EngineStats) -> EngineStats:
@@ -84,6 +94,18 @@ class EngineStats:
         self.calls += other.calls
         self.batch_sizes.extend(other.batch_sizes)
         self.generated_tokens += other.generated_tokens
+
+
+def micro_batch_seed(seed: int, micro_batch: int) -> int:
+    """The seed of micro-batch `micro_batch` of a call seeded with `seed`.
+
+    Why not `seed` for every micro-batch: row r of each would then draw the same random numbers, so
+    samples of different problems at the same row were correlated (and identical prompts in two
+    micro-batches gave identical samples). `SeedSequence` mixes the pair, so consecutive call seeds
+    do not reuse each other's streams either."""
+    if micro_batch == 0:
+        return seed  # the first (often only) micro-batch keeps the call's own seed
+    return int(np.random.SeedSequence([seed, micro_batch]).generate_state(1, np.uint64)[0] >> 1)
 
 
 class _PerRowMaxNewTokens(StoppingCriteria):
@@ -117,7 +139,11 @@ class TransformersEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        self.stop_ids = stop_token_ids(tokenizer)
+        # End-of-turn tokens: the chat format's, plus every end-of-sequence id the checkpoint's
+        # generation config lists (Qwen3 lists two), which vLLM honours too.
+        configured = getattr(model.generation_config, "eos_token_id", None)
+        configured = [configured] if isinstance(configured, int) else list(configured or [])
+        self.stop_ids = sorted(set(stop_token_ids(tokenizer)) | {int(i) for i in configured})
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         self.stats = EngineStats()
 
@@ -131,17 +157,20 @@ class TransformersEngine:
         if not requests:
             return []
         self.stats.calls += 1
-        self.stats.batch_sizes.append(len(requests))
         # Sort by prompt length so that micro-batches waste little padding; keep the caller's order.
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
         results: list[GenerationResult | None] = [None] * len(requests)
         groups: dict[tuple[str, ...], list[int]] = {}
         for index in order:
             groups.setdefault(tuple(requests[index].stop_strings), []).append(index)
+        micro_batch = 0
         for stop_strings, indices in groups.items():
             for start in range(0, len(indices), self.max_batch_size):
                 chunk = indices[start : start + self.max_batch_size]
-                outputs = self._generate_batch([requests[i] for i in chunk], stop_strings, sampling)
+                self.stats.batch_sizes.append(len(chunk))
+                seed = micro_batch_seed(sampling.seed, micro_batch)
+                micro_batch += 1
+                outputs = self._generate_batch([requests[i] for i in chunk], stop_strings, sampling, seed)
                 for index, output in zip(chunk, outputs, strict=True):
                     results[index] = output
         finished = [r for r in results if r is not None]
@@ -151,7 +180,11 @@ class TransformersEngine:
 
     @torch.no_grad()
     def _generate_batch(
-        self, requests: list[GenerationRequest], stop_strings: tuple[str, ...], sampling: SamplingConfig
+        self,
+        requests: list[GenerationRequest],
+        stop_strings: tuple[str, ...],
+        sampling: SamplingConfig,
+        seed: int,
     ) -> list[GenerationResult]:
         for request in requests:
             if request.max_new_tokens < 1:
@@ -167,25 +200,34 @@ class TransformersEngine:
         budgets = torch.tensor([r.max_new_tokens for r in requests], dtype=torch.long)
         criteria = StoppingCriteriaList([_PerRowMaxNewTokens(width, budgets.to(self.device))])
         do_sample = sampling.temperature > 0
-        kwargs: dict[str, object] = {
-            "max_new_tokens": int(budgets.max()),
-            "do_sample": do_sample,
-            "eos_token_id": self.stop_ids,
-            "pad_token_id": self.pad_id,
-            "stopping_criteria": criteria,
-            "return_dict_in_generate": True,
-            "output_logits": sampling.return_logprobs,
-        }
+        # transformers' global defaults set explicitly, then what `SamplingConfig` says: `generate`
+        # fills every unset field from the checkpoint's generation config, whose repetition_penalty,
+        # no_repeat_ngram_size or min_new_tokens would otherwise apply silently and make this engine
+        # disagree with vLLM and with the GRPO loss's log-probabilities.
+        defaults = GenerationConfig()._get_default_generation_params()
+        defaults = {k: v for k, v in defaults.items() if k not in ("max_length", "min_length")}
+        config = GenerationConfig(**defaults)
+        config.update(
+            max_new_tokens=int(budgets.max()),
+            min_new_tokens=0,
+            do_sample=do_sample,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=sampling.return_logprobs,
+            stop_strings=list(stop_strings) or None,
+        )
         if do_sample:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        if stop_strings:
-            kwargs.update(stop_strings=list(stop_strings), tokenizer=self.tokenizer)
+            config.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        extra: dict[str, object] = {"tokenizer": self.tokenizer} if stop_strings else {}
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
-            torch.manual_seed(sampling.seed)
+            torch.manual_seed(seed)
             output = self.model.generate(
-                input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **kwargs
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=config,
+                stopping_criteria=criteria,
+                **extra,
             )
         generated = output.sequences[:, width:].cpu()
         logprobs = None

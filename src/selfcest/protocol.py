@@ -98,7 +98,11 @@ def _parse_into(
         result.errors.append(ProtocolError("too_many_calls", f"{len(bodies)} calls, limit {max_calls}"))
         bodies = bodies[:max_calls]
     for body in bodies:
-        call = _parse_call(body.strip(), result.errors)
+        try:  # one malformed call must not cost the turn its other calls
+            call = _parse_call(body.strip(), result.errors)
+        except Exception as error:  # noqa: BLE001
+            result.errors.append(ProtocolError("parser_error", f"{type(error).__name__}: {error}"[:200]))
+            continue
         if call is None:
             continue
         if len(call.objectives) > max_objectives:
@@ -125,7 +129,7 @@ def _parse_call(body: str, errors: list[ProtocolError]) -> ToolCall | None:
     repaired = False
     try:
         payload = json.loads(body)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, and int() past 4,300 digits
         # json_repair is a maintained repairer for the truncated/unquoted JSON that LLMs emit.
         try:
             payload = json_repair.loads(body)
@@ -143,8 +147,11 @@ def _parse_call(body: str, errors: list[ProtocolError]) -> ToolCall | None:
     if isinstance(arguments, str):  # some models double-encode the arguments
         try:
             arguments = json.loads(arguments)
-        except (json.JSONDecodeError, RecursionError):
-            arguments = json_repair.loads(arguments)
+        except (ValueError, RecursionError):
+            try:
+                arguments = json_repair.loads(arguments)
+            except Exception:  # noqa: BLE001
+                arguments = None
             repaired = True
     if not isinstance(arguments, dict):
         errors.append(ProtocolError("invalid_arguments", str(arguments)[:120]))
@@ -249,7 +256,17 @@ def format_tool_response(
 
 
 def _truncate_tokens(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> str:
+    """`text` cut to at most `max_tokens` tokens as it will be encoded again.
+
+    Decoding a cut can split a multi-byte character (U+FFFD) or merge differently when re-encoded,
+    so the cut is re-encoded and shortened until it fits (bounded by `max_tokens` tries)."""
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) <= max_tokens:
         return text
-    return tokenizer.decode(ids[:max_tokens], skip_special_tokens=True)
+    keep = max_tokens
+    for _ in range(max_tokens + 1):
+        cut = tokenizer.decode(ids[:keep], skip_special_tokens=True).rstrip("\ufffd")
+        if len(tokenizer.encode(cut, add_special_tokens=False)) <= max_tokens:
+            return cut
+        keep -= 1
+    return ""

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from selfcest.engine import GenerationEngine, GenerationRequest, SamplingConfig
 from selfcest.prompts import (
+    ANSWER_MARKER,
     CLONE_SYSTEM_PROMPT,
     MONOLITHIC_SYSTEM_PROMPT,
     ROOT_SYSTEM_PROMPT,
@@ -291,9 +292,21 @@ class Runtime:
                 agent.logprobs = (agent.logprobs or []) + list(result.logprobs or [])[: len(tokens)]
             agent.generated_tokens += len(tokens)
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            state.rendered[index] += self.tokenizer.decode(tokens, skip_special_tokens=False)
+            rendered = self.tokenizer.decode(tokens, skip_special_tokens=False)
+            state.rendered[index] += rendered
             agent.turns.append(TurnRecord(text, len(tokens), grant, result.finish_reason))
-            self._after_turn(state, index, text, result.finish_reason)
+            # The history keeps what the model saw, special tokens generated mid-turn included (the
+            # parser reads `text`): the template must re-render it verbatim before the tool message.
+            # Only the stop token that ended the turn is left out, since the template closes the turn.
+            ended_by_special = (
+                result.finish_reason == "stop" and tokens and tokens[-1] in self.tokenizer.all_special_ids
+            )
+            content = (
+                self.tokenizer.decode(tokens[:-1], skip_special_tokens=False)
+                if ended_by_special
+                else rendered
+            )
+            self._after_turn(state, index, text, result.finish_reason, content)
         for state in states:
             self._resume_waiting(state)
         return any(state.ready for state in states)
@@ -306,7 +319,9 @@ class Runtime:
             return max(0, min(self.config.root_max_tokens, own_left, state.remaining))
         return max(0, min(own_left, state.remaining - self.config.root_reserve_tokens))
 
-    def _after_turn(self, state: _State, index: int, text: str, finish_reason: str) -> None:
+    def _after_turn(
+        self, state: _State, index: int, text: str, finish_reason: str, content: str | None = None
+    ) -> None:
         config = self.config
         agent = state.episode.agents[index]
         can_spawn = self._tools_for(agent) is not None
@@ -334,7 +349,9 @@ class Runtime:
                 ]
                 agent.children.append(spawned)
                 agent.status = "waiting"
-                state.messages[index].append({"role": "assistant", "content": text})
+                state.messages[index].append(
+                    {"role": "assistant", "content": text if content is None else content}
+                )
                 state.ready.extend(spawned)
                 return
         self._finish(state, index, status=None, failure=None, finish_reason=finish_reason)
@@ -389,6 +406,9 @@ class Runtime:
             if answer is not None and answer.lower().startswith("failed"):
                 status, failure = "failed", answer[len("failed") :].strip(" :()") or "clone gave up"
                 answer = None
+            elif answer is not None and finish_reason == "length" and _answer_line_open(last_text):
+                # The token limit cut the answer's line: "Answer: 1" of a 10 is not an answer.
+                status, failure = "truncated", "hit its token limit while writing its answer"
             elif answer is not None:
                 status = "ok"
             elif finish_reason == "length":
@@ -423,15 +443,22 @@ class Runtime:
                 message_max_tokens=self.config.tool_message_max_tokens,
             )
             state.messages[index].append({"role": "tool", "content": message})
-            self._append_rendered_suffix(state, index)
+            if not self._append_rendered_suffix(state, index):
+                error = ProtocolError(
+                    "template_mismatch", "the chat template did not re-render the turn verbatim"
+                )
+                self._record_errors(state, agent, [error])
+                self._finish(state, index, status="failed", failure=error.detail)
+                continue
             agent.status = "running"
             state.ready.append(index)
 
-    def _append_rendered_suffix(self, state: _State, index: int) -> None:
+    def _append_rendered_suffix(self, state: _State, index: int) -> bool:
         """Extend an agent's tokens with the template's rendering of the new tool message.
 
         The generated tokens stay exactly as sampled (training needs them); only the new suffix
-        is tokenized, which requires a template that renders assistant text verbatim.
+        is tokenized, which requires a template that renders assistant text verbatim. False (and
+        nothing appended) when it does not: the caller fails this agent, not the whole batch.
         """
         agent = state.episode.agents[index]
         text = self.tokenizer.apply_chat_template(
@@ -439,14 +466,17 @@ class Runtime:
         )
         prefix = state.rendered[index]
         if not text.startswith(prefix):
-            raise RuntimeError(
-                "the chat template does not render assistant turns verbatim, so multi-turn token "
-                f"accounting is impossible for agent {agent.agent_id}"
+            log.warning(
+                "the chat template does not render agent %s's turns verbatim, so its multi-turn token "
+                "accounting is impossible: the agent fails",
+                agent.agent_id,
             )
+            return False
         suffix_ids = self.tokenizer.encode(text[len(prefix) :], add_special_tokens=False)
         agent.token_ids.extend(suffix_ids)
         agent.generated_mask.extend([0] * len(suffix_ids))
         state.rendered[index] = text
+        return True
 
     def _abort_unfinished(self, state: _State) -> None:
         for index, agent in enumerate(state.episode.agents):
@@ -491,3 +521,10 @@ def _critical_path(agents: list[AgentRecord], index: int) -> int:
     )
     agent.critical_path_tokens = path
     return path
+
+
+def _answer_line_open(text: str) -> bool:
+    """Whether the last `Answer:` marker's line runs to the end of `text` (nothing ends it)."""
+    tail = strip_tool_calls(text)
+    position = tail.rfind(ANSWER_MARKER)
+    return position >= 0 and "\n" not in tail[position:].rstrip(" \t")
