@@ -17,7 +17,7 @@ from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from selfcest.checkpoints import CsvLogCallback, fingerprint, prepare_run_dir, write_model_card  # noqa: E402
+from selfcest.checkpoints import CsvLogCallback, code_sha256, fingerprint, prepare_run_dir, write_model_card  # noqa: E402
 from selfcest.grpo import SelfcestConfig, TrainingConfig, build_trainer  # noqa: E402
 from selfcest.model import load_model  # noqa: E402
 from selfcest.rewards import GateConfig, RewardConfig  # noqa: E402
@@ -94,6 +94,7 @@ def main() -> None:
             "seed": params["seed"],
             "data": data_hashes,
             "init": file_sha256(Path(args.init) / "model.safetensors"),
+            "code": code_sha256(__file__),
         }
     )
     resume = prepare_run_dir(run_dir, run_fingerprint)

@@ -12,7 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
-from selfcest.checkpoints import fingerprint, write_model_card
+from selfcest.checkpoints import code_sha256, fingerprint, write_model_card
 from selfcest.model import load_model
 from selfcest.teachers import build_warmup_conversations
 from selfcest.tokenizer import load_tokenizer
@@ -70,6 +70,7 @@ def main() -> None:
             "seed": params["seed"],
             "data": data_hashes,
             "init": file_sha256(Path(args.init) / "model.safetensors"),
+            "code": code_sha256(__file__),
         }
     )
     metrics = run_warmup(

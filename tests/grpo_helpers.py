@@ -62,6 +62,7 @@ def make_trainer(
     gate: str = "protocol",
     seed: int = 0,
     temperature: float = 1.0,
+    clone_weighting: str = "token",
     callbacks: Any = (),
     **training: Any,
 ) -> SelfcestGRPOTrainer:
@@ -73,6 +74,7 @@ def make_trainer(
         reward=RewardConfig(),
         gate=GateConfig(mode=gate),
         temperature=temperature,
+        clone_weighting=clone_weighting,
         seed=seed,
         engine_factory=lambda _model, tok: ScriptedEngine(tok, policy),
     )

@@ -15,7 +15,7 @@ from grpo_helpers import make_trainer
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from selfcest.checkpoints import prepare_run_dir
+from selfcest.checkpoints import code_sha256, prepare_run_dir
 from selfcest.grpo import ROLE_CLONE, ROLE_PAD, ROLE_ROOT, SelfcestGRPOTrainer
 from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward, length_penalty
 from selfcest.runtime import AgentRecord, Episode
@@ -89,6 +89,43 @@ def test_clone_rows_carry_gated_root_advantages(tiny_checkpoint: Path, tmp_path:
     # the root rows mask the tool responses: fewer loss tokens than completion tokens
     assert (mask[:8].sum(1) < batch["completion_mask"][:8].sum(1)).any()
     assert all(r != ROLE_PAD or float(a) == 0.0 for a, r in zip(batch["advantages"], roles, strict=True))
+
+
+def test_group_weighting_counts_each_episodes_clones_as_one_row(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """`group` divides an episode's clone advantages by its clone count; the loss's denominator must
+    count those clones as one row of their mean length, or the clone count still scales the update."""
+    trainer = make_trainer(tiny_checkpoint, tmp_path / "run", clone_weighting="group")
+    batch, inputs = generation_batch(trainer)
+    per_row = (batch["completion_mask"] * batch["tool_mask"]).sum(1).tolist()
+    roles = batch["row_role"].tolist()
+    expected, row = sum(per_row[:8]), 8
+    for item in inputs:
+        clones = len(item["clone_rows"])
+        expected += sum(per_row[row : row + clones]) / max(clones, 1)
+        assert roles[row : row + clones] == [ROLE_CLONE] * clones
+        row += clones
+    assert any(len(item["clone_rows"]) > 1 for item in inputs)  # the case where the two weightings differ
+    assert float(batch["num_items_in_batch"]) == pytest.approx(expected)
+    assert float(batch["num_items_in_batch"]) < sum(per_row)
+
+
+def test_gradient_norm_passes_leave_the_steps_logged_metrics_alone(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """The root/clone gradient-norm measurement runs TRL's loss twice more; what those passes log
+    (entropy, clip ratios) must not be averaged into the step's own values."""
+    trainer = make_trainer(tiny_checkpoint, tmp_path / "run", role_grad_norm_steps=1)
+    batch, _ = generation_batch(trainer)
+    trainer.current_gradient_accumulation_steps = 1
+    metrics = trainer._metrics["train"]
+    before = {key: len(values) for key, values in metrics.items()}
+    trainer.compute_loss(trainer.model, batch)
+    added = {key: len(values) - before.get(key, 0) for key, values in metrics.items()}
+    assert added["entropy"] == 1 and added["clip_ratio/region_mean"] == 1
+    assert added["selfcest/grad_norm_root"] == 1 and added["selfcest/grad_norm_clone"] == 1
+    assert all(values for values in metrics.values())  # no key left with an empty list
 
 
 def test_clone_row_loss_equals_trl_compute_loss(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -224,3 +261,15 @@ def test_log_probs_and_entropies_are_trls_with_their_gradients(tiny_checkpoint: 
     assert (own_logps[batch["completion_mask"] == 0] == 0).all()
     for ours, theirs in zip(own_grads, trl_grads, strict=True):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-3)
+
+
+def test_code_fingerprint_changes_with_the_stage_script(tmp_path: Path) -> None:
+    """A run killed under one version of the code is not resumed by another: the fingerprint's code
+    part covers the package and the stage script."""
+    script = tmp_path / "stage.py"
+    script.write_text("LOSS = 'old'\n")
+    before = code_sha256(script)
+    assert code_sha256(script) == before and len(before) == 64
+    script.write_text("LOSS = 'new'\n")
+    assert code_sha256(script) != before
+    assert code_sha256() != code_sha256(script)

@@ -19,6 +19,21 @@ def fingerprint(payload: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def code_sha256(*extra_files: Path | str) -> str:
+    """sha256 over the source of the whole `selfcest` package and `extra_files` (a stage script).
+
+    Part of a run's fingerprint: a run killed under one version of the code must not be resumed by
+    another (a fix to the loss would otherwise continue from checkpoints trained the old way). The
+    whole package, not the stage's own imports, because a stage's behaviour reaches through them."""
+    package = Path(__file__).resolve().parent
+    files = sorted(package.rglob("*.py")) + [Path(f).resolve() for f in extra_files]
+    digest = hashlib.sha256()
+    for path in files:
+        name = path.relative_to(package).as_posix() if path.is_relative_to(package) else path.name
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def prepare_run_dir(run_dir: Path, run_fingerprint: str) -> str | None:
     """Make `run_dir` ready for a training run and return the checkpoint to resume from, if any.
 

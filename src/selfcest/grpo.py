@@ -51,10 +51,15 @@ class SelfcestConfig:
     """`token`: every clone row counts like a root row (the release); `group`: clone advantages are
     divided by the episode's clone count, so the number of clones does not scale the update."""
     temperature: float = 1.0
+    """Sampling temperature of the rollouts; `build_trainer` hands it to `GRPOConfig` too, so that the
+    loss's log-probabilities are those of the distribution the tokens were drawn from."""
     seed: int = 42
+    """Seeds the rollouts (with the step and process index mixed in)."""
     engine_factory: Callable[[Any, Any], GenerationEngine] | None = None
-    """Builds the rollout engine from (model, tokenizer); default `TransformersEngine`. Tests pass a
-    scripted policy here; the paper profile would pass a vLLM engine."""
+    """Builds the rollout engine from (model, tokenizer) at every rollout; default `TransformersEngine`,
+    which generates with the policy's live weights. Tests pass a scripted policy here. `VLLMEngine`
+    does not fit as it is: it loads weights from disk once, and rollouts from it would come from stale
+    weights without a weight sync after every optimiser step (not built; vLLM serves evaluation)."""
 
 
 def agent_row(agent: AgentRecord) -> tuple[list[int], list[int], list[int]]:
@@ -145,9 +150,16 @@ def reward_from_rollout(
 class SelfcestGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose generation batch also trains every clone trajectory, weighted by its gate."""
 
-    def __init__(self, *args: Any, role_grad_norm_steps: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        role_grad_norm_steps: int = 1,
+        clone_weighting: Literal["token", "group"] = "token",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.role_grad_norm_steps = role_grad_norm_steps
+        self.clone_weighting = clone_weighting
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -221,6 +233,10 @@ class SelfcestGRPOTrainer(GRPOTrainer):
         ]
         new_advantages = [a for a in advantages]
         roles = [ROLE_ROOT] * roots
+        # How much each row's loss tokens count in the loss's denominator: `group` weighting divides
+        # an episode's clone advantages by its clone count, so its clones count as one row of their
+        # mean length there too (otherwise a heavily delegating episode still shrank every update).
+        token_shares = [1.0] * roots
         for root_index, rows in enumerate(clone_rows):
             for prompt_ids, completion_ids, env_mask, weight in rows:
                 prompts.append(torch.tensor(prompt_ids, device=device))
@@ -228,6 +244,7 @@ class SelfcestGRPOTrainer(GRPOTrainer):
                 env_masks.append(torch.tensor(env_mask, device=device))
                 new_advantages.append(advantages[root_index] * weight)
                 roles.append(ROLE_CLONE)
+                token_shares.append(1.0 / len(rows) if self.clone_weighting == "group" else 1.0)
         # Same row count on every rank and a multiple of steps_per_generation: pad with dummy rows
         # that carry no loss token (env mask 0) and no advantage.
         local = torch.tensor([len(prompts)], device=device)
@@ -240,6 +257,7 @@ class SelfcestGRPOTrainer(GRPOTrainer):
             env_masks.append(torch.zeros(1, dtype=torch.long, device=device))
             new_advantages.append(advantages.new_zeros(()))
             roles.append(ROLE_PAD)
+            token_shares.append(0.0)
         pad_id = self.processing_class.pad_token_id
         new: dict[str, Any] = {
             "prompt_ids": pad(prompts, padding_value=pad_id, padding_side="left"),
@@ -252,7 +270,8 @@ class SelfcestGRPOTrainer(GRPOTrainer):
             "advantages": torch.stack(new_advantages).to(advantages.dtype),
             "row_role": torch.tensor(roles, device=device),
         }
-        loss_tokens = (new["completion_mask"] * new["tool_mask"]).sum()
+        per_row = (new["completion_mask"] * new["tool_mask"]).sum(dim=1).float()
+        loss_tokens = (per_row * torch.tensor(token_shares, device=device)).sum()
         new["num_items_in_batch"] = self.accelerator.gather(loss_tokens).sum()
         for key in ("old_per_token_logps", "ref_per_token_logps"):
             if output.get(key) is not None:
@@ -295,14 +314,23 @@ class SelfcestGRPOTrainer(GRPOTrainer):
         parameter's `.grad` is touched and dropout is off), so how often it runs does not change
         the weights."""
         params = [p for p in model.parameters() if p.requires_grad]
+        metrics = self._metrics["train"]
         for role, name in ((ROLE_ROOT, "root"), (ROLE_CLONE, "clone")):
             rows = (inputs["row_role"] == role).to(inputs["tool_mask"].dtype).unsqueeze(1)
             if rows.sum() == 0:
                 continue
             masked = dict(inputs, tool_mask=inputs["tool_mask"] * rows)
+            # TRL's `_compute_loss` logs entropy, clip ratios and KL of whatever it is given; keep
+            # the step's own values only, not those of these measurement passes.
+            logged = {key: len(values) for key, values in metrics.items()}
             grads = torch.autograd.grad(self._compute_loss(model, masked), params, allow_unused=True)
+            for key in list(metrics):
+                if key in logged:
+                    del metrics[key][logged[key] :]
+                else:
+                    del metrics[key]
             norm = torch.sqrt(sum((g.detach().float() ** 2).sum() for g in grads if g is not None))
-            self._metrics["train"][f"selfcest/grad_norm_{name}"].append(float(norm))
+            metrics[f"selfcest/grad_norm_{name}"].append(float(norm))
 
 
 @dataclass
@@ -394,4 +422,5 @@ def build_trainer(
         rollout_func=make_rollout_func(by_id, selfcest),
         callbacks=list(callbacks),
         role_grad_norm_steps=training.role_grad_norm_steps,
+        clone_weighting=selfcest.clone_weighting,
     )
