@@ -773,8 +773,9 @@ def summary_markdown(
     lines += [
         "- Frontier area (AUC): normalised area under a method's monotone Pareto frontier "
         "(its best accuracy using at most x tokens, a step function) over the range above.",
-        "- Accuracy: exact match (QA: SQuAD-normalised EM; F1 in its own column), with a seeded "
-        "bootstrap 95% interval.",
+        "- Accuracy: exact match (QA: SQuAD-normalised EM; F1 in its own column). The tables give its "
+        "Wilson 95% interval; `sweep.csv` has that (`wilson_low`, `wilson_high`) and the cells' seeded "
+        "percentile bootstrap 95% interval (`ci_low`, `ci_high`), which is zero-width at 0/n and n/n.",
         "",
     ]
     missing = missing_methods(sweep, eval_params)
