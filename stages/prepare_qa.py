@@ -139,7 +139,7 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
                 for q in loaded.quarantined:
                     q.split = split_name
                 prior += loaded.quarantined
-                for index, rec in enumerate(loaded.records):
+                for index, rec in zip(loaded.positions, loaded.records, strict=True):  # file positions
                     # The KAG 2Wiki file repeats records of the HippoRAG one: identical copies are
                     # merged (and counted); same id with other content stays in, so the unique-id
                     # expectation quarantines it.
@@ -175,6 +175,7 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
 
     # ---- per-split summary and a leakage check (eval questions seen in train)
     train_sigs = {(r["question"], r["answers"][0]) for r in splits.get("train", [])}
+    train_questions = {r["question"] for r in splits.get("train", [])}
     for name, records in splits.items():
         n_par = [len(r["paragraphs"]) for r in records] or [0]
         hops = [r["num_hops"] for r in records] or [0]
@@ -189,9 +190,15 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
             "context_chars_mean": round(sum(chars) / len(chars), 1),
             "context_chars_max": max(chars),
             "sha256": records_sha256(records),
+            # (question, answer) pairs seen in train: 0 by construction for the synthetic splits.
             "in_train": 0
             if name == "train"
             else sum(1 for r in records if (r["question"], r["answers"][0]) in train_sigs),
+            # Question texts seen in train, with another answer (each record has its own world):
+            # memorising train answers does not help, reading the context does.
+            "question_in_train": 0
+            if name == "train"
+            else sum(1 for r in records if r["question"] in train_questions),
         }
     total_kept = sum(len(v) for v in splits.values())
     total = total_kept + len(quarantined)
@@ -229,14 +236,15 @@ def render_markdown(metrics: dict[str, Any], quarantined: list[Quarantined]) -> 
         "",
         "## Splits",
         "",
-        "| split | kept | quarantined | paragraphs | hops | context chars (mean / max) | in train | sha256 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| split | kept | quarantined | paragraphs | hops | context chars (mean / max) | (question, answer) in train "
+        "| question text in train | sha256 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in metrics["splits"].items():
         lines.append(
             f"| {name} | {s['kept']} | {s['quarantined']} | {s['paragraphs_min']}-{s['paragraphs_max']} | "
             f"{s['num_hops_min']}-{s['num_hops_max']} | {s['context_chars_mean']} / {s['context_chars_max']} | "
-            f"{s['in_train']} | `{s['sha256'][:16]}` |"
+            f"{s['in_train']} | {s['question_in_train']} | `{s['sha256'][:16]}` |"
         )
     lines += ["", "## Expectations", "", "| expectation | success | unexpected |", "|---|---|---|"]
     for name, e in sorted(metrics["expectations"].items()):

@@ -468,3 +468,21 @@ def test_stage_paper_profile_without_ood(tmp_path: Path) -> None:
     assert (loaded["train"].num_rows, loaded["test"].num_rows) == (45, 5)
     assert json.loads((tmp_path / "card.json").read_text())["splits"]["ood"]["count"] == 0
     assert (out / "ood.jsonl").read_text() == ""
+
+
+def test_test_split_has_the_tiers_operator_mix_when_rare_shapes_run_out() -> None:
+    """With single-digit operands a 1-3 operator tier has only 162 one-operator problems; repeats are
+    rejected, so they come up early in the draws. The test split must still be a uniform sample of the
+    tier (it used to be its first draws: 27% one-operator problems against 3% in train)."""
+    params = _small_params()
+    tiny = params["profiles"]["tiny"]
+    tiny["generator"]["operand_digits"] = [1, 1]
+    tiny["tiers"] = {"easy": {"num_operators": [1, 3], "count": 3000}}
+    splits = build_arithmetic_splits(params)
+
+    def one_operator_share(split: str) -> float:
+        return sum(r["num_operators"] == 1 for r in splits[split]) / len(splits[split])
+
+    assert len(splits["test"]) == 300
+    assert one_operator_share("train") > 0.02  # the tier does have them
+    assert abs(one_operator_share("test") - one_operator_share("train")) < 0.04

@@ -280,10 +280,32 @@ def test_ood_has_more_hops_and_paragraphs() -> None:
     # Full context is long (a tiny model's 512-token window), one paragraph is short.
     ctx = [sum(len(p["text"]) for p in r["paragraphs"]) for r in train]
     assert min(ctx) > 600 and max(len(p["text"]) for r in train for p in r["paragraphs"]) < 300
-    questions = {r["question"] for r in train}
-    assert not questions & {r["question"] for r in splits["test"]}
+    pairs = {(r["question"], r["answers"][0]) for r in train}
+    assert not pairs & {(r["question"], r["answers"][0]) for r in splits["test"]}
 
 
 def test_synthetic_is_json_round_trippable() -> None:
     rec = generate_synthetic(1, {"train": {"count": 1}})["train"][0]
     assert json.loads(json.dumps(rec)) == copy.deepcopy(rec)
+
+
+def test_2wiki_duplicate_titles_resolve_to_the_copy_with_the_fact() -> None:
+    """A distractor that shares a supporting paragraph's title must not be marked supporting or be
+    a hop's paragraph; a sentence index out of range (or not an int) quarantines the record."""
+    import copy
+
+    from selfcest.data.qa import _RecordError, adapt_2wiki
+
+    wiki = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
+    record = json.loads(wiki.read_text())[0]  # supporting: ['Lothair II', 1], hop 1 about Lothair II
+    with_twin = copy.deepcopy(record)
+    with_twin["context"].insert(0, ["Lothair II", ["A one-sentence distractor."]])
+    adapted = adapt_2wiki(with_twin)
+    twins = [p for p in adapted["paragraphs"] if p["title"] == "Lothair II"]
+    assert [p["supporting"] for p in twins] == [False, True]
+    assert adapted["hops"][0]["paragraph_key"] == twins[1]["key"]
+    for bad in (99, "1", True):
+        broken = copy.deepcopy(record)
+        broken["supporting_facts"][0][1] = bad
+        with pytest.raises(_RecordError, match=r"supporting_facts\[0\]"):
+            adapt_2wiki(broken)

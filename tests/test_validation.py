@@ -59,7 +59,7 @@ def test_schema_check_catches_missing_field_and_wrong_type(real: list[dict]) -> 
 
 
 def test_expectations_map_failures_to_record_ids(real: list[dict]) -> None:
-    recs = copy.deepcopy(real[:8])
+    recs = copy.deepcopy(real[:9])
     recs[1]["id"] = recs[0]["id"]  # duplicate id: both copies are ambiguous
     recs[2]["paragraphs"] = []  # empty context
     recs[2]["hops"] = []
@@ -67,6 +67,7 @@ def test_expectations_map_failures_to_record_ids(real: list[dict]) -> None:
     recs[4]["answers"] = [" "]  # empty answer
     recs[5]["paragraphs"][0]["text"] = "x" * 9000  # over max_paragraph_chars
     recs[6]["paragraphs"][1]["key"] = recs[6]["paragraphs"][0]["key"]  # repeated key
+    recs[8]["id"] = "   "  # an id of spaces is no id
     result = validate_records(recs, LOOSE, origin="corrupt")
     assert _reasons(result, recs[0]["id"]) == ["expectation: id_unique"] * 2
     assert {"expectation: paragraph_count", "expectation: has_supporting"} <= set(
@@ -76,6 +77,7 @@ def test_expectations_map_failures_to_record_ids(real: list[dict]) -> None:
     assert _reasons(result, recs[4]["id"]) == ["expectation: answer_non_empty"]
     assert _reasons(result, recs[5]["id"]) == ["expectation: paragraph_chars"]
     assert "expectation: paragraph_keys_unique" in _reasons(result, recs[6]["id"])
+    assert _reasons(result, "   ") == ["expectation: id_non_empty"]
     assert [r["id"] for r in result.kept] == [recs[7]["id"]]
     exp = result.report["expectations"]
     assert exp["id_unique"] == {"success": False, "unexpected_count": 2}
@@ -202,3 +204,27 @@ def test_stage_end_to_end(tmp_path: Path) -> None:
         match=r"3/11 records invalid.*first offending record #1 id .a80d84e7096d11ebbdb0ac1f6bf848b6. in \S*wiki\.json: field .answer.: missing",
     ):
         prepare_qa.main(["--params", str(params), "--out", str(out), "--reports", str(reports)])
+
+
+def test_quarantine_names_each_records_position_in_its_file(tmp_path: Path) -> None:
+    """A record the adapter quarantines must not shift the file positions that later quarantine
+    entries report (record #3 failing an expectation was reported as #2)."""
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import build
+
+    records = json.loads(WIKI.read_text())[:4]
+    records[0] = {k: v for k, v in records[0].items() if k != "question"}  # the adapter rejects #0
+    records[3]["answer"] = ""  # adapts, then fails an expectation
+    path = tmp_path / "wiki.json"
+    path.write_text(json.dumps(records))
+    params = {
+        "qa": {
+            "seed": 1,
+            "synthetic": {"enabled": False},
+            "real": {"enabled": True, "sources": [{"name": "x", "format": "2wiki", "path": str(path)}]},
+        },
+        "validation": LOOSE,
+    }
+    _, quarantined, _ = build(params)
+    where = {q.record_id: q.index for q in quarantined}
+    assert where == {records[0]["_id"]: 0, records[3]["_id"]: 3}

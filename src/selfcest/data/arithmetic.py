@@ -428,8 +428,11 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
     for tier, (cfg, count) in tiers.items():
         problems = _sample_unique(cfg, count, random.Random(_derive_seed(seed, f"tier/{tier}")), seen, tier)
         n_test = round(test_fraction * count)
-        # Problems are i.i.d. draws, so the first n_test are a random subset; splitting per tier
-        # keeps the tier mix identical in train and test.
+        # The draws are not i.i.d. once repeats are rejected: a tier's rare shapes (the tiny
+        # profile's 162 one-operator problems) come up early and run out, so the first n_test draws
+        # held 27% one-operator problems against 3% in the rest. A seeded shuffle before the cut
+        # makes test a uniform sample of the tier's problems, with the same mix as train.
+        random.Random(_derive_seed(seed, f"split/{tier}")).shuffle(problems)
         for i, (expr, value) in enumerate(problems):
             split = "test" if i < n_test else "train"
             splits[split].append(_record(expr, value, tier, split))

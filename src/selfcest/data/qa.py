@@ -110,6 +110,8 @@ class LoadResult:
     records: list[QARecord] = field(default_factory=list)
     quarantined: list[Quarantined] = field(default_factory=list)
     file: str = ""
+    positions: list[int] = field(default_factory=list)
+    """Each kept record's index in its file (quarantined ones leave gaps), for error messages."""
 
 
 class _RecordError(Exception):
@@ -257,6 +259,7 @@ def _adapt_file(
             if not isinstance(raw, dict):
                 raise _RecordError("<record>", f"expected an object, got {type(raw).__name__}")
             result.records.append(adapt(raw))
+            result.positions.append(index)
         except _RecordError as exc:
             result.quarantined.append(Quarantined(source, path, index, rid, [str(exc)], record=raw))
     return result
@@ -271,7 +274,7 @@ def adapt_2wiki(rec: Mapping[str, Any], *, split: str = "dev", source: str = "2w
     question = _get(rec, "question", str)
     answer = _get(rec, "answer", str)
     context = _get(rec, "context", list)
-    titles, texts = [], []
+    titles, texts, sentence_counts = [], [], []
     for i, item in enumerate(context):
         if (
             not isinstance(item, list | tuple)
@@ -282,21 +285,36 @@ def adapt_2wiki(rec: Mapping[str, Any], *, split: str = "dev", source: str = "2w
         ):
             raise _RecordError(f"context[{i}]", "expected [title, [sentences...]]")
         titles.append(item[0])
+        sentence_counts.append(len(item[1]))
         # Official sentences carry no separators (HotpotQA's do); strip + single space suits both.
         texts.append(" ".join(s.strip() for s in item[1] if s.strip()))
     keys = make_keys(titles)
-    by_title = {t: k for t, k in zip(reversed(titles), reversed(keys), strict=True)}  # first wins
-    by_lower = {t.lower(): k for t, k in by_title.items()}
+    # A title can stand on two paragraphs (a distractor with the same title): a fact resolves to the
+    # first copy that has its sentence, a hop to the copy that states its answer (it used to be the
+    # first copy for both, which could mark a distractor supporting).
 
     supporting: set[str] = set()
     for i, fact in enumerate(_get(rec, "supporting_facts", list)):
-        if not isinstance(fact, list | tuple) or len(fact) != 2 or not isinstance(fact[0], str):
+        if (
+            not isinstance(fact, list | tuple)
+            or len(fact) != 2
+            or not isinstance(fact[0], str)
+            or not isinstance(fact[1], int)
+            or isinstance(fact[1], bool)
+        ):
             raise _RecordError(f"supporting_facts[{i}]", "expected [title, sentence_index]")
-        if fact[0] not in by_title:
+        title, sentence = fact
+        if title not in titles:
             raise _RecordError(
-                f"supporting_facts[{i}]", f"unknown supporting title {fact[0]!r} (not in context)"
+                f"supporting_facts[{i}]", f"unknown supporting title {title!r} (not in context)"
             )
-        supporting.add(by_title[fact[0]])
+        holding = [p for p, t in enumerate(titles) if t == title and 0 <= sentence < sentence_counts[p]]
+        if not holding:
+            raise _RecordError(
+                f"supporting_facts[{i}]",
+                f"sentence {sentence} is out of range for every paragraph titled {title!r}",
+            )
+        supporting.add(keys[holding[0]])
 
     # Evidences are (subject, relation, object) triples, one per hop; the subject's paragraph
     # answers the hop. 2Wiki sometimes changes the case of titles, hence the lower-case fallback.
@@ -305,10 +323,17 @@ def adapt_2wiki(rec: Mapping[str, Any], *, split: str = "dev", source: str = "2w
         if not isinstance(ev, list | tuple) or len(ev) != 3 or not all(isinstance(x, str) for x in ev):
             raise _RecordError(f"evidences[{i}]", "expected [subject, relation, object]")
         subj, rel, obj = ev
-        key = by_title.get(subj) or by_lower.get(subj.lower())
-        if key is None:
+        candidates = titles_matching(subj, titles)
+        if not candidates:
             raise _RecordError(f"evidences[{i}]", f"subject {subj!r} is not a context title")
-        hops.append({"question": f"What is the {rel} of {subj}?", "answer": obj, "paragraph_key": key})
+        # Prefer the copy that states the answer, then a supporting copy, then the first.
+        position = min(
+            candidates,
+            key=lambda p: (obj.lower() not in texts[p].lower(), keys[p] not in supporting, p),
+        )
+        hops.append(
+            {"question": f"What is the {rel} of {subj}?", "answer": obj, "paragraph_key": keys[position]}
+        )
 
     paragraphs: list[Paragraph] = [
         {"key": k, "title": t, "text": x, "supporting": k in supporting}
@@ -326,6 +351,12 @@ def adapt_2wiki(rec: Mapping[str, Any], *, split: str = "dev", source: str = "2w
         "num_hops": len(hops) if hops else len(supporting),
         "type": qtype,
     }
+
+
+def titles_matching(subject: str, titles: list[str]) -> list[int]:
+    """Positions of the paragraphs titled `subject`; case-insensitively when none matches exactly."""
+    exact = [p for p, title in enumerate(titles) if title == subject]
+    return exact or [p for p, title in enumerate(titles) if title.lower() == subject.lower()]
 
 
 def load_2wiki(
@@ -690,8 +721,11 @@ def generate_synthetic(
     seed: int, splits: Mapping[str, SyntheticSplitConfig | Mapping[str, Any]]
 ) -> dict[str, list[QARecord]]:
     """Synthetic multi-hop QA splits. Each split has its own RNG stream (seeded by seed and split
-    name), so changing one split's count leaves the others' bytes unchanged. Questions are kept
-    unique across splits (first split in order wins), so no eval question is a training one."""
+    name), so changing one split's count leaves the others' bytes unchanged. (question, answer)
+    pairs are unique across splits (first split in order wins). Question texts do repeat (the
+    2-hop space is ~13 relation paths x 256 names), but every record has its own world and an eval
+    record's answer is never a train answer to the same question, so memorising train answers does
+    not help: the answer has to be read from the context."""
     seen: set[str] = set()
     out: dict[str, list[QARecord]] = {}
     for name, spec in splits.items():

@@ -47,9 +47,10 @@ DEFAULT_LIMITS: dict[str, Any] = {
     "max_key_chars": 48,
     "min_num_hops": 1,
     "max_num_hops": 8,
-    # Sources whose gold answer must appear verbatim in a supporting paragraph (true for the
-    # synthetic generator by construction; 2Wiki yes/no and MuSiQue paraphrased answers are not).
-    "answer_in_context_sources": ["synthetic"],
+    # Sources whose gold answer (or one of its aliases) must appear verbatim in a supporting
+    # paragraph; yes/no answers are exempt (comparison questions). True for the synthetic generator
+    # by construction and for every MuSiQue record sampled here (100 of 100 dev, 3 of 3 train).
+    "answer_in_context_sources": ["synthetic", "musique"],
 }
 
 
@@ -105,6 +106,15 @@ def schema_errors(record: Any) -> list[str]:
 # ---------------------------------------------------------------------------------------- flatten
 
 
+def _answer_in_context(answers: Sequence[str], support_text: str) -> bool:
+    """Some gold answer or alias appears in the (lower-cased) supporting text; yes/no and empty
+    golds pass (their own expectations cover empty answers)."""
+    golds = [a.strip().lower() for a in answers if a.strip()]
+    if not golds or any(g in ("yes", "no") for g in golds):
+        return True
+    return any(g in support_text for g in golds)
+
+
 def flatten(records: Sequence[QARecord], limits: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """One row per (schema-valid) record; derived columns are what the suite checks."""
     lim = {**DEFAULT_LIMITS, **(limits or {})}
@@ -123,6 +133,7 @@ def flatten(records: Sequence[QARecord], limits: Mapping[str, Any] | None = None
             {
                 "_row": i,
                 "id": r["id"],
+                "id_chars": len(r["id"].strip()),
                 "source": r["source"],
                 "split": r["split"],
                 "type": r["type"],
@@ -148,7 +159,7 @@ def flatten(records: Sequence[QARecord], limits: Mapping[str, Any] | None = None
                 "unsupported_hop_keys": sum(1 for k in hop_keys if k in key_set and k not in supporting),
                 "num_hops_mismatch": bool(hop_keys) and r["num_hops"] != len(hop_keys),
                 "n_empty_hop_answers": sum(1 for h in r["hops"] if not h["answer"].strip()),
-                "answer_in_context": (not gold.strip() or gold.lower() in support_text)
+                "answer_in_context": _answer_in_context(answers, support_text)
                 if r["source"] in answer_sources
                 else True,
             }
@@ -175,7 +186,7 @@ def build_suite(limits: Mapping[str, Any] | None = None) -> list[tuple[str, Any]
     suite: list[tuple[str, Any]] = [
         ("id_unique", gxe.ExpectColumnValuesToBeUnique(column="id")),
         ("id_not_null", gxe.ExpectColumnValuesToNotBeNull(column="id")),
-        ("id_non_empty", gxe.ExpectColumnValueLengthsToBeBetween(column="id", min_value=1)),
+        ("id_non_empty", gxe.ExpectColumnValuesToBeBetween(column="id_chars", min_value=1)),  # blanks too
         ("question_not_null", gxe.ExpectColumnValuesToNotBeNull(column="question")),
         ("question_len", between("question_len", lim["min_question_chars"], lim["max_question_chars"])),
         ("answer_non_empty", between("answer_len", 1, lim["max_answer_chars"])),
