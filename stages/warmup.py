@@ -28,6 +28,12 @@ def main() -> None:
     parser.add_argument("--init", default="artifacts/init_model")
     parser.add_argument("--arithmetic", default="data/arithmetic/train.jsonl")
     parser.add_argument("--qa", default="data/qa/train.jsonl")
+    parser.add_argument(
+        "--held-out",
+        nargs="*",
+        default=["data/arithmetic/test.jsonl", "data/arithmetic/ood.jsonl"],
+        help="arithmetic splits whose expressions no clone conversation may ask (decontamination)",
+    )
     parser.add_argument("--out", default="artifacts/warmup_model")
     parser.add_argument("--run-dir", default="artifacts/runs/warmup", help="checkpoints of a run in progress")
     parser.add_argument("--log-csv", default="reports/warmup_log.csv")
@@ -57,6 +63,7 @@ def main() -> None:
         seed=params["seed"],
         config=settings.teacher,
         qa_root_only_records=qa_all[qa_records : qa_records + qa_root_only],
+        held_out_expressions=[record["expr"] for path in args.held_out for record in read_jsonl(path)],
     )
     dataset = tokenize_conversations(conversations, tokenizer, config.max_length)
     kinds: dict[str, int] = {}
@@ -64,6 +71,14 @@ def main() -> None:
         kinds[kind] = kinds.get(kind, 0) + 1
     log.info("warm-up on %d conversations: %s", len(dataset), json.dumps(kinds))
     data_hashes = {"arithmetic_train": file_sha256(args.arithmetic), "qa_train": file_sha256(args.qa)}
+    data_hashes |= {f"held_out:{path}": file_sha256(path) for path in args.held_out}
+    # The initial weights do not change with the tokenizer's merges (same vocabulary size), so the
+    # tokenizer files are hashed too: a retrained tokenizer must not resume checkpoints of the old one.
+    data_hashes |= {
+        f"init:{name}": file_sha256(Path(args.init) / name)
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+        if (Path(args.init) / name).exists()
+    }
     run_fingerprint = fingerprint(
         {
             "params": params["warmup"],

@@ -226,3 +226,45 @@ def test_root_only_qa_records_add_their_root_conversation_and_nothing_else() -> 
         assert kinds.count(kind) == [c["kind"] for c in baseline].count(kind)
     roots = "\n".join(c["messages"][1]["content"] for c in conversations if c["kind"] == "qa_root")
     assert all(record["question"] in roots for record in records)
+
+
+def test_qa_clones_quote_the_asked_relations_sentence_when_two_name_the_answer() -> None:
+    """Zed founded and leads Acme: "Who leads Acme?" quotes "Acme is led by Zed.", not the founding
+    sentence that names Zed first."""
+    text = "Acme was founded by Zed. Acme is based in Oslo. Acme is led by Zed."
+    record = {
+        "question": "Who leads Acme?",
+        "answers": ["Zed"],
+        "paragraphs": [{"key": "Acme", "title": "Acme", "text": text, "supporting": True}],
+        "hops": [{"question": "Who leads Acme?", "answer": "Zed", "paragraph_key": "Acme"}],
+    }
+    config = TeacherConfig(qa_failed_clone_fraction=0.0, qa_extra_keys_fraction=0.0, qa_thinking_fraction=1.0)
+    conversations = qa_conversations(record, random.Random(0), config)
+    replies = [
+        c["messages"][-1]["content"]
+        for c in conversations
+        if c["kind"] in ("qa_clone", "qa_mono", "qa_thinking")
+    ]
+    quoted = [
+        line for reply in replies for line in reply.splitlines() if "Zed" in line and "Answer" not in line
+    ]
+    assert quoted and "Acme was founded by Zed." not in quoted
+
+
+def test_clone_conversations_never_ask_a_held_out_problem_and_cover_reduction_turns() -> None:
+    """A chunk of a training expression that is a whole test expression is redrawn (it would teach
+    that test problem with its answer); reduction turns' sums of partial results are taught too."""
+    records = [{"expr": "3+4-2+5"}, {"expr": "1+2+3+4+5+6+7+8+9-1-2-3"}] * 20
+    held_out = ["3+4", "4-2", "-2+5", "3+4-2", "4-2+5", "1+2"]
+    config = TeacherConfig(direct_root_fraction=0.0, chunk_sizes=(2, 3), max_root_combine=2)
+    conversations = build_warmup_conversations(
+        records, [], seed=3, config=config, held_out_expressions=held_out
+    )
+    asked = {c["messages"][-2]["content"] for c in conversations if c["kind"] == "arith_clone"}
+    assert asked and not asked & {f"Calculate the value of {e}." for e in held_out}
+    operands = [parse_terms(_TASK.match(q).group(1)) for q in asked]
+    assert any(abs(term) > 9 for terms in operands for term in terms)  # a reduction turn's partial sums
+    without = build_warmup_conversations(records, [], seed=3, config=config)
+    assert {c["messages"][-2]["content"] for c in without if c["kind"] == "arith_clone"} & {
+        f"Calculate the value of {e}." for e in held_out
+    }  # the check is what keeps them out

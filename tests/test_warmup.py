@@ -149,3 +149,49 @@ def test_batched_templating_keeps_order_ids_and_masks_of_one_call_per_conversati
         ValueError, match=r"conversation \d+ \(kind arith_\w+\) has no assistant token within 4"
     ):
         tokenize_conversations(conversations, tiny_tokenizer, max_length=4)
+
+
+def test_a_warmup_killed_after_its_first_epoch_resumes_to_the_same_weights(
+    tiny_checkpoint: Path, tiny_tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed in epoch 2 and resumed, the warm-up must see the batches an uninterrupted run sees (the
+    length-grouped shuffle used the global RNG, so a resume redrew epoch 0's order and skipped the
+    wrong batches) and end with the same weights."""
+    import selfcest.warmup as warmup_module
+
+    conversations = build_warmup_conversations(
+        [{"expr": "3+4-2"}, {"expr": "5-1+7+2"}, {"expr": "8-6"}], [], seed=1
+    )
+    dataset = tokenize_conversations(conversations, tiny_tokenizer, max_length=512)
+    steps_per_epoch = (len(dataset) + 1) // 2
+    stop_at: list[int | None] = [None]
+
+    class StoppingLog(warmup_module.CsvLogCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            if stop_at[0] is not None and state.global_step == stop_at[0]:
+                control.should_training_stop = True
+            return control
+
+    monkeypatch.setattr(warmup_module, "CsvLogCallback", StoppingLog)
+
+    def run(run_dir: Path) -> tuple[list[list[int]], Any]:
+        model = load_model(tiny_checkpoint, dtype="float32")
+        collator = RecordingCollator(tiny_tokenizer.pad_token_id)
+        config = WarmupConfig(
+            max_steps=3 * steps_per_epoch, batch_size=2, logging_steps=1, save_steps=steps_per_epoch + 2
+        )
+        run_warmup(
+            model, tiny_tokenizer, dataset, config, run_dir=run_dir, run_fingerprint="fp",
+            log_csv=tmp_path / f"{run_dir.name}.csv", data_collator=collator,
+        )  # fmt: skip
+        return [b["input_ids"][:, :8].sum(1).tolist() for b in collator.batches], model
+
+    full_batches, full_model = run(tmp_path / "full")
+    stop_at[0] = steps_per_epoch + 2  # a checkpoint inside the second epoch
+    run(tmp_path / "resumed")
+    stop_at[0] = None
+    resumed_batches, resumed_model = run(tmp_path / "resumed")
+    assert 0 < len(resumed_batches) < len(full_batches)
+    assert resumed_batches == full_batches[-len(resumed_batches) :]
+    for ours, theirs in zip(full_model.parameters(), resumed_model.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs)

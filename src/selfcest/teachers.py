@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,26 +132,63 @@ def spawn_call(objectives: list[dict[str, Any]]) -> str:
     )
 
 
-def arithmetic_conversations(expr: str, rng: random.Random, config: TeacherConfig) -> list[dict[str, Any]]:
-    """Monolithic, thinking, clone-side and root-side conversations for one training problem."""
+HELD_OUT_REDRAWS = 20
+"""Draws of a clone chunk before a problem gives up its clone conversation (every chunk held out)."""
+
+
+def arithmetic_conversations(
+    expr: str, rng: random.Random, config: TeacherConfig, held_out: Collection[str] = frozenset()
+) -> list[dict[str, Any]]:
+    """Monolithic, thinking, clone-side and root-side conversations for one training problem.
+
+    `held_out`: clone questions (`arithmetic_question` of a test or ood expression) that no clone
+    conversation may ask, since it would teach that problem with its answer: a chunk of a longer
+    training expression is often a whole short test expression (41% of the easy tier's test
+    problems, measured before this check)."""
     terms = parse_terms(expr)
     question = arithmetic_question(expr)
     out = [_solo(MONOLITHIC_SYSTEM_PROMPT, question, solve_text(terms), "arith_mono")]
     if rng.random() < config.thinking_fraction:
         out.append(_solo(THINKING_SYSTEM_PROMPT, question, thinking_text(terms), "arith_thinking"))
     # Clone side: a random contiguous chunk, with its sign, as a clone would receive it.
-    start = rng.randrange(len(terms))
-    chunk = terms[start : start + rng.choice(config.chunk_sizes)]
-    out.append(
-        _solo(CLONE_SYSTEM_PROMPT, arithmetic_question(format_terms(chunk)), solve_text(chunk), "arith_clone")
-    )
-    out.append(arithmetic_root_conversation(terms, rng, config))
+    for _ in range(HELD_OUT_REDRAWS):
+        start = rng.randrange(len(terms))
+        chunk = terms[start : start + rng.choice(config.chunk_sizes)]
+        if arithmetic_question(format_terms(chunk)) not in held_out:
+            out.append(
+                _solo(
+                    CLONE_SYSTEM_PROMPT,
+                    arithmetic_question(format_terms(chunk)),
+                    solve_text(chunk),
+                    "arith_clone",
+                )
+            )
+            break
+    reduction_clones: list[list[int]] = []
+    out.append(arithmetic_root_conversation(terms, rng, config, reduction_clones))
+    # The clones of a root's reduction turns add partial results (multi-digit operands), which the
+    # chunks above never are: teach those tasks too, as the runtime will hand them out.
+    for chunk in reduction_clones:
+        if arithmetic_question(format_terms(chunk)) not in held_out:
+            out.append(
+                _solo(
+                    CLONE_SYSTEM_PROMPT,
+                    arithmetic_question(format_terms(chunk)),
+                    solve_text(chunk),
+                    "arith_clone",
+                )
+            )
     return out
 
 
 def arithmetic_root_conversation(
-    terms: list[int], rng: random.Random, config: TeacherConfig
+    terms: list[int],
+    rng: random.Random,
+    config: TeacherConfig,
+    reduction_clones: list[list[int]] | None = None,
 ) -> dict[str, Any]:
+    """A root's conversation: solve directly, or hand chunks to clones and add up their answers.
+    The chunks of turns after the first (sums of partial results) go to `reduction_clones`."""
     question = arithmetic_question(format_terms(terms))
     messages: list[Message] = [
         {"role": "system", "content": ROOT_SYSTEM_PROMPT},
@@ -169,6 +206,8 @@ def arithmetic_root_conversation(
     while turn == 0 or len(operands) > config.max_root_combine:
         turn += 1
         chunks = [operands[i : i + size] for i in range(0, len(operands), size)]
+        if turn > 1 and reduction_clones is not None:
+            reduction_clones.extend(chunks)
         objectives = []
         for chunk in chunks:
             need = len(chunk) * config.tokens_per_step
@@ -196,8 +235,16 @@ def _sentences(text: str) -> list[str]:
     return [sentence.strip() for sentence in re.split(r"(?<=\.)\s+", text.strip())]
 
 
-def _fact_sentence(paragraph_text: str, answer: str) -> str:
-    """The sentence of a hop's paragraph that states its answer (quoted before answering)."""
+def _fact_sentence(paragraph_text: str, question: str, answer: str) -> str:
+    """The sentence of a hop's paragraph that answers its question (quoted before answering).
+
+    The sentence of the asked relation, read back with the relation templates: the first sentence
+    naming the answer was often another relation's ("Who leads X?" quoted "X was founded by Y." when
+    Y also leads X: 18.6% of those hops, 12.0% of "In which city does X live?"). Text from other
+    sources matches no template, so it falls back to the first sentence that names the answer."""
+    for fact_question, fact_answer, sentence in paragraph_facts(paragraph_text):
+        if fact_question == question and fact_answer == answer:
+            return sentence
     return next((sentence for sentence in _sentences(paragraph_text) if answer in sentence), "")
 
 
@@ -251,7 +298,7 @@ def qa_conversations(
         if rng.random() < config.qa_extra_keys_fraction:
             keys.append(rng.choice(list(paragraphs)))
         documents = {k: paragraphs[k]["text"] for k in dict.fromkeys(keys)}
-        fact = _fact_sentence(paragraphs[hop["paragraph_key"]]["text"], hop["answer"])
+        fact = _fact_sentence(paragraphs[hop["paragraph_key"]]["text"], hop["question"], hop["answer"])
         out.append(_qa_clone(hop["question"], documents, hop["answer"], quote=fact))
     for _ in range(config.qa_reading_drills):
         key = rng.choice(list(paragraphs))
@@ -268,7 +315,7 @@ def qa_conversations(
     keys = support + others[: rng.randint(low, high)]
     rng.shuffle(keys)
     documents = {k: paragraphs[k]["text"] for k in keys}
-    facts = [_fact_sentence(paragraphs[h["paragraph_key"]]["text"], h["answer"]) for h in hops]
+    facts = [_fact_sentence(paragraphs[h["paragraph_key"]]["text"], h["question"], h["answer"]) for h in hops]
     question = qa_monolithic_question(record["question"], documents)
     out.append(_solo(MONOLITHIC_SYSTEM_PROMPT, question, "\n".join([*facts, f"Answer: {answer}"]), "qa_mono"))
     # No draw at 0: the other conversations then come out exactly as before this kind existed.
@@ -331,17 +378,20 @@ def build_warmup_conversations(
     seed: int,
     config: TeacherConfig | None = None,
     qa_root_only_records: Sequence[Mapping[str, Any]] = (),
+    held_out_expressions: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
     """All warm-up conversations, shuffled with `seed` (same seed, same list).
 
     `qa_root_only_records` give their root conversation only (no clone, drill or monolithic one):
     more practice at the root's key copying, the QA skill the tiny model learns last, without
-    growing the QA share of clone reading that costs the warm-up its arithmetic."""
+    growing the QA share of clone reading that costs the warm-up its arithmetic.
+    `held_out_expressions` (the test and ood expressions) are never a clone conversation's question."""
     config = config or TeacherConfig()
     rng = random.Random(seed)
+    held_out = frozenset(arithmetic_question(expr) for expr in held_out_expressions)
     conversations: list[dict[str, Any]] = []
     for record in arithmetic_records:
-        conversations.extend(arithmetic_conversations(record["expr"], rng, config))
+        conversations.extend(arithmetic_conversations(record["expr"], rng, config, held_out))
     for record in qa_records:
         conversations.extend(qa_conversations(record, rng, config))
     for record in qa_root_only_records:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
 from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
@@ -122,6 +123,27 @@ def tokenize_conversations(
     )
 
 
+class EpochSeededLengthGroupedSampler(LengthGroupedSampler):
+    """transformers' `LengthGroupedSampler` with a shuffle that is a function of (seed, epoch).
+
+    Why: transformers builds it without a generator, so each epoch's order came from the global
+    torch RNG, which a resumed run restores only after the epoch's iterator exists. A warm-up killed
+    in epoch 2 or later then redrew epoch 0's order and skipped the wrong batches (some rows twice,
+    some never). The Trainer calls `set_epoch` before every epoch, so a resumed epoch is the same."""
+
+    def __init__(self, batch_size: int, lengths: list[int], seed: int) -> None:
+        super().__init__(batch_size, lengths=lengths)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):  # type: ignore[override]
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=generator))
+
+
 class AssistantTokenLossSFTTrainer(SFTTrainer):
     """`SFTTrainer` whose loss is PyTorch's cross-entropy on the logits of the scored positions only.
 
@@ -131,6 +153,13 @@ class AssistantTokenLossSFTTrainer(SFTTrainer):
     of the positions that carry a label are a few MB here, so materialising them costs nothing worth
     saving. Same objective: the summed negative log-likelihood of the assistant tokens over their count.
     """
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        sampler = super()._get_train_sampler(train_dataset)
+        if type(sampler) is LengthGroupedSampler:
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            return EpochSeededLengthGroupedSampler(sampler.batch_size, list(sampler.lengths), seed)
+        return sampler
 
     def compute_loss(
         self,
