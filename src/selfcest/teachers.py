@@ -155,30 +155,23 @@ def arithmetic_conversations(
         start = rng.randrange(len(terms))
         chunk = terms[start : start + rng.choice(config.chunk_sizes)]
         if arithmetic_question(format_terms(chunk)) not in held_out:
-            out.append(
-                _solo(
-                    CLONE_SYSTEM_PROMPT,
-                    arithmetic_question(format_terms(chunk)),
-                    solve_text(chunk),
-                    "arith_clone",
-                )
-            )
+            out.append(_arithmetic_clone(chunk))
             break
     reduction_clones: list[list[int]] = []
     out.append(arithmetic_root_conversation(terms, rng, config, reduction_clones))
     # The clones of a root's reduction turns add partial results (multi-digit operands), which the
     # chunks above never are: teach those tasks too, as the runtime will hand them out.
-    for chunk in reduction_clones:
-        if arithmetic_question(format_terms(chunk)) not in held_out:
-            out.append(
-                _solo(
-                    CLONE_SYSTEM_PROMPT,
-                    arithmetic_question(format_terms(chunk)),
-                    solve_text(chunk),
-                    "arith_clone",
-                )
-            )
+    out += [
+        _arithmetic_clone(c) for c in reduction_clones if arithmetic_question(format_terms(c)) not in held_out
+    ]
     return out
+
+
+def _arithmetic_clone(chunk: list[int]) -> dict[str, Any]:
+    """A clone's conversation for one chunk of terms: the task as the runtime hands it, then the solution."""
+    return _solo(
+        CLONE_SYSTEM_PROMPT, arithmetic_question(format_terms(chunk)), solve_text(chunk), "arith_clone"
+    )
 
 
 def arithmetic_root_conversation(
