@@ -96,6 +96,17 @@ class EngineStats:
         self.generated_tokens += other.generated_tokens
 
 
+# transformers' global generation defaults, set explicitly on every call: `generate` fills each unset
+# field from the checkpoint's generation config, whose repetition_penalty, no_repeat_ngram_size or
+# min_new_tokens would otherwise apply silently and make this engine disagree with vLLM and with the
+# GRPO loss's log-probabilities. Length fields are left out: each call sets max/min_new_tokens.
+_GENERATION_DEFAULTS = {
+    key: value
+    for key, value in GenerationConfig()._get_default_generation_params().items()
+    if key not in ("max_length", "min_length")
+}
+
+
 def micro_batch_seed(seed: int, micro_batch: int) -> int:
     """The seed of micro-batch `micro_batch` of a call seeded with `seed`.
 
@@ -200,13 +211,7 @@ class TransformersEngine:
         budgets = torch.tensor([r.max_new_tokens for r in requests], dtype=torch.long)
         criteria = StoppingCriteriaList([_PerRowMaxNewTokens(width, budgets.to(self.device))])
         do_sample = sampling.temperature > 0
-        # transformers' global defaults set explicitly, then what `SamplingConfig` says: `generate`
-        # fills every unset field from the checkpoint's generation config, whose repetition_penalty,
-        # no_repeat_ngram_size or min_new_tokens would otherwise apply silently and make this engine
-        # disagree with vLLM and with the GRPO loss's log-probabilities.
-        defaults = GenerationConfig()._get_default_generation_params()
-        defaults = {k: v for k, v in defaults.items() if k not in ("max_length", "min_length")}
-        config = GenerationConfig(**defaults)
+        config = GenerationConfig(**_GENERATION_DEFAULTS)  # then only what `SamplingConfig` says
         config.update(
             max_new_tokens=int(budgets.max()),
             min_new_tokens=0,

@@ -319,9 +319,7 @@ class Runtime:
             return max(0, min(self.config.root_max_tokens, own_left, state.remaining))
         return max(0, min(own_left, state.remaining - self.config.root_reserve_tokens))
 
-    def _after_turn(
-        self, state: _State, index: int, text: str, finish_reason: str, content: str | None = None
-    ) -> None:
+    def _after_turn(self, state: _State, index: int, text: str, finish_reason: str, content: str) -> None:
         config = self.config
         agent = state.episode.agents[index]
         can_spawn = self._tools_for(agent) is not None
@@ -349,9 +347,7 @@ class Runtime:
                 ]
                 agent.children.append(spawned)
                 agent.status = "waiting"
-                state.messages[index].append(
-                    {"role": "assistant", "content": text if content is None else content}
-                )
+                state.messages[index].append({"role": "assistant", "content": content})
                 state.ready.extend(spawned)
                 return
         self._finish(state, index, status=None, failure=None, finish_reason=finish_reason)
@@ -400,8 +396,8 @@ class Runtime:
         finish_reason: str | None = None,
     ) -> None:
         agent = state.episode.agents[index]
-        last_text = agent.turns[-1].text if agent.turns else ""
-        answer = extract_answer(strip_tool_calls(last_text))
+        last_text = strip_tool_calls(agent.turns[-1].text if agent.turns else "")
+        answer = extract_answer(last_text)
         if status is None:
             if answer is not None and answer.lower().startswith("failed"):
                 status, failure = "failed", answer[len("failed") :].strip(" :()") or "clone gave up"
@@ -524,7 +520,6 @@ def _critical_path(agents: list[AgentRecord], index: int) -> int:
 
 
 def _answer_line_open(text: str) -> bool:
-    """Whether the last `Answer:` marker's line runs to the end of `text` (nothing ends it)."""
-    tail = strip_tool_calls(text)
-    position = tail.rfind(ANSWER_MARKER)
-    return position >= 0 and "\n" not in tail[position:].rstrip(" \t")
+    """Whether the last `Answer:` marker's line runs to the end of `text` (tool calls stripped)."""
+    position = text.rfind(ANSWER_MARKER)
+    return position >= 0 and "\n" not in text[position:].rstrip(" \t")
