@@ -39,6 +39,7 @@ from selfcest.data.qa import (  # noqa: E402
     load_source,
     records_sha256,
     split_config,
+    type_guess_accuracy,
 )
 from selfcest.data.validation import validate_records  # noqa: E402
 from stages.common import PARAMS_FILE, load_params, setup_logging, write_json  # noqa: E402
@@ -98,7 +99,9 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
     # ---- synthetic
     syn = qa.get("synthetic") or {}
     if syn.get("enabled", True):
-        defaults = {k: v for k, v in syn.items() if k in ("hops", "paragraphs", "filler_sentences")}
+        defaults = {
+            k: v for k, v in syn.items() if k in ("hops", "paragraphs", "filler_sentences", "extra_entities")
+        }
         configs = {name: split_config(spec, defaults) for name, spec in (syn.get("splits") or {}).items()}
         generated = generate_synthetic(int(qa["seed"]), configs)
         for name, records in generated.items():
@@ -199,6 +202,9 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
             "question_in_train": 0
             if name == "train"
             else sum(1 for r in records if r["question"] in train_questions),
+            # A reader that guesses the most-mentioned entity of the answer's type (synthetic only):
+            # the accuracy a method must beat to show it follows the chain.
+            "type_guess_accuracy": type_guess_accuracy(records),
         }
     total_kept = sum(len(v) for v in splits.values())
     total = total_kept + len(quarantined)
@@ -209,6 +215,10 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
         max_invalid_fraction=float((limits or {}).get("max_invalid_fraction", 0.05)),
     )
     return splits, quarantined, metrics
+
+
+def _guess(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def render_markdown(metrics: dict[str, Any], quarantined: list[Quarantined]) -> str:
@@ -237,15 +247,22 @@ def render_markdown(metrics: dict[str, Any], quarantined: list[Quarantined]) -> 
         "## Splits",
         "",
         "| split | kept | quarantined | paragraphs | hops | context chars (mean / max) | (question, answer) in train "
-        "| question text in train | sha256 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| question text in train | type-guess accuracy | sha256 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in metrics["splits"].items():
         lines.append(
             f"| {name} | {s['kept']} | {s['quarantined']} | {s['paragraphs_min']}-{s['paragraphs_max']} | "
             f"{s['num_hops_min']}-{s['num_hops_max']} | {s['context_chars_mean']} / {s['context_chars_max']} | "
-            f"{s['in_train']} | {s['question_in_train']} | `{s['sha256'][:16]}` |"
+            f"{s['in_train']} | {s['question_in_train']} | {_guess(s.get('type_guess_accuracy'))} | "
+            f"`{s['sha256'][:16]}` |"
         )
+    lines += [
+        "",
+        "Type-guess accuracy (synthetic splits): the expected accuracy of guessing the entity of the "
+        "answer's type that the context mentions most often (ties split evenly), without following "
+        "the chain; a method at or below it shows no reading.",
+    ]
     lines += ["", "## Expectations", "", "| expectation | success | unexpected |", "|---|---|---|"]
     for name, e in sorted(metrics["expectations"].items()):
         lines.append(f"| {name} | {'yes' if e['success'] else '**no**'} | {e['unexpected_count']} |")

@@ -555,6 +555,10 @@ class SyntheticSplitConfig:
     hops: tuple[int, int] = (2, 2)  # inclusive range of hops per question
     paragraphs: tuple[int, int] = (10, 16)  # inclusive range of paragraphs per record
     filler_sentences: tuple[int, int] = (1, 2)  # inclusive range per paragraph
+    # Entities in a record's world beyond its paragraph count. Only `paragraphs` of them get a
+    # paragraph; the rest are only named in facts. More entities, more candidate answers of each type
+    # in the context, so guessing by type pays less (`type_guess_accuracy`).
+    extra_entities: int = 4
 
 
 class _World:
@@ -651,7 +655,7 @@ def synthetic_record(rng: random.Random, cfg: SyntheticSplitConfig, *, split: st
         raise ValueError(f"synthetic split {split!r}: {n_par} paragraphs cannot hold {n_hops} hops")
     rels = list(rng.choice(relation_paths(n_hops)))
     while True:  # a fresh world per record, so answers must be read, never memorised
-        world = _World(rng, n_par + 4)
+        world = _World(rng, n_par + cfg.extra_entities)
         found = next((f for f in (world.chain(rels) for _ in range(50)) if f), None)
         if found and len(world.type_of) >= n_par:
             break
@@ -714,6 +718,7 @@ def split_config(spec: Mapping[str, Any], defaults: Mapping[str, Any] | None = N
         hops=_range(merged.get("hops"), (2, 2)),
         paragraphs=_range(merged.get("paragraphs"), (10, 16)),
         filler_sentences=_range(merged.get("filler_sentences"), (1, 2)),
+        extra_entities=int(merged.get("extra_entities", 4)),
     )
 
 
@@ -745,6 +750,52 @@ def generate_synthetic(
             records.append(rec)
         out[name] = records
     return out
+
+
+_FACT_PATTERNS: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
+    (
+        re.compile(
+            re.escape(rel.fact)
+            .replace(r"\{s\}", r"(?P<s>[A-Z][a-z]+)")
+            .replace(r"\{o\}", r"(?P<o>[A-Z][a-z]+)")
+        ),
+        rel.src,
+        rel.dst,
+    )
+    for rel in RELATIONS.values()
+)
+_NAME_SET = frozenset(NAMES)
+
+
+def type_guess_accuracy(records: Iterable[Mapping[str, Any]]) -> float | None:
+    """Expected accuracy of a reader that never follows the chain: it guesses the entity of the
+    answer's type that the context mentions most often (leaving out names in the question), breaking
+    ties uniformly (a tie of k that holds the answer scores 1/k). A floor for the synthetic splits:
+    a method at or below it shows no reading. Types come from the fact sentences, as a reader that
+    knows the templates would get them. None when no record is a synthetic chain."""
+    scores: list[float] = []
+    for record in records:
+        chain = str(record.get("type", ""))
+        if record.get("source") != "synthetic" or not chain.startswith("chain:"):
+            continue
+        wanted = RELATIONS[chain.split(":", 1)[1].split(">")[-1]].dst
+        mentions: dict[str, int] = {}
+        type_of: dict[str, str] = {}
+        for paragraph in record["paragraphs"]:
+            text = paragraph["text"]
+            for word in re.findall(r"[A-Z][a-z]+", text):
+                if word in _NAME_SET:
+                    mentions[word] = mentions.get(word, 0) + 1
+            for pattern, src, dst in _FACT_PATTERNS:
+                for match in pattern.finditer(text):
+                    type_of[match["s"]], type_of[match["o"]] = src, dst
+        asked = set(re.findall(r"[A-Z][a-z]+", str(record["question"])))
+        counts = {e: c for e, c in mentions.items() if type_of.get(e) == wanted and e not in asked}
+        top = max(counts.values(), default=0)
+        tied = [e for e, c in counts.items() if c == top]
+        answers = set(record["answers"])
+        scores.append(sum(e in answers for e in tied) / len(tied) if tied else 0.0)
+    return sum(scores) / len(scores) if scores else None
 
 
 # ---------------------------------------------------------------------------------------- output
