@@ -20,10 +20,11 @@ import logging
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/report.py` works too
 
-from stages.common import PARAMS_FILE, load_params, setup_logging, write_json  # noqa: E402
+from stages.common import PARAMS_FILE, load_params, read_jsonl, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("report")
 
@@ -58,11 +59,33 @@ def write_delegation_by_size(sweep: object, report: dict, path: Path) -> None:
         writer.writerows(rows)
 
 
+def type_guess_floors(sweep: Any, qa_data: Path) -> dict[str, float]:
+    """Per synthetic QA benchmark, the type-guess floor over the problems its cells evaluated (a
+    seeded subset of the split file, so the whole split's figure in qa_validation.json can differ)."""
+    from selfcest.data.qa import type_guess_accuracy
+    from selfcest.reports import load_outcomes
+
+    floors: dict[str, float] = {}
+    for name in sweep.benchmarks():
+        dataset, split = name.split("/", 1)
+        path = qa_data / f"{split}.jsonl"
+        if dataset != "qa" or not path.exists():
+            continue
+        evaluated = {pid for per_problem in load_outcomes(sweep, name).values() for pid in per_problem}
+        floor = type_guess_accuracy(r for r in read_jsonl(path) if r["id"] in evaluated)
+        if floor is not None:
+            floors[name] = floor
+    return floors
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=PARAMS_FILE)
     parser.add_argument("--cells", type=Path, default=Path("artifacts/eval"))
     parser.add_argument("--out", type=Path, default=Path("reports"))
+    parser.add_argument(
+        "--qa-data", type=Path, default=Path("data/qa"), help="QA split files, for the type-guess floor"
+    )
     args = parser.parse_args(argv)
     setup_logging()
 
@@ -95,12 +118,14 @@ def main(argv: list[str] | None = None) -> None:
         for name in report.get("claim_splits") or []
     }
 
+    floors = type_guess_floors(sweep, args.qa_data)
+
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     reports.write_sweep_csv(sweep.rows, out / "sweep.csv")
     write_json(
         out / "metrics.json",
-        reports.build_metrics(sweep, settings=settings, claims=claims),
+        reports.build_metrics(sweep, settings=settings, claims=claims, floors=floors),
     )
     plots = out / "pareto"
     if plots.exists():
@@ -117,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             settings=settings,
             claims=claims,
             method_order=method_order,
+            floors=floors,
         ),
         encoding="utf-8",
     )

@@ -19,6 +19,7 @@ from selfcest.data.qa import (
     make_keys,
     records_sha256,
     slugify,
+    type_guess_accuracy,
 )
 
 BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
@@ -282,6 +283,48 @@ def test_ood_has_more_hops_and_paragraphs() -> None:
     assert min(ctx) > 600 and max(len(p["text"]) for r in train for p in r["paragraphs"]) < 300
     pairs = {(r["question"], r["answers"][0]) for r in train}
     assert not pairs & {(r["question"], r["answers"][0]) for r in splits["test"]}
+
+
+def _chain_record(texts: list[str]) -> dict:
+    return {
+        "source": "synthetic",
+        "type": "chain:led_by>works_for",
+        "question": "Which company does the head of Vite work for?",
+        "answers": ["Riri"],
+        "paragraphs": [{"key": t.split()[0], "title": t.split()[0], "text": t} for t in texts],
+    }
+
+
+def test_type_guess_accuracy_guesses_the_most_mentioned_entity_of_the_answer_type() -> None:
+    texts = [
+        "Vite was founded by Teda. Vite is led by Mika. Vite is based in Kara.",
+        "Mika works for Riri. Mika lives in Kara.",
+        "Teda works for Lolo.",
+    ]
+    # Companies named: Vite (in the question, left out), Riri and Lolo once each: a tie of two.
+    assert type_guess_accuracy([_chain_record(texts)]) == 0.5
+    # Lolo's own paragraph names it twice more: the guess is Lolo, wrong. Cities (Kara, named twice)
+    # are not the answer's type and never the guess.
+    wrong = _chain_record([*texts, "Lolo makes bread. Lolo has ten workers."])
+    assert type_guess_accuracy([wrong]) == 0.0
+    assert type_guess_accuracy([_chain_record(texts), wrong]) == 0.25
+    # Real records have no chain type: no floor to report.
+    assert type_guess_accuracy([{**wrong, "source": "musique", "type": "2hop"}]) is None
+
+
+def test_bigger_worlds_lower_the_type_guess_floor() -> None:
+    spec = {"count": 80, "paragraphs": [8, 10], "hops": [2, 2]}
+    small = generate_synthetic(11, {"test": {**spec, "extra_entities": 4}})["test"]
+    big = generate_synthetic(11, {"test": {**spec, "extra_entities": 40}})["test"]
+    assert all(8 <= len(r["paragraphs"]) <= 10 for r in small + big)
+    guess_small, guess_big = type_guess_accuracy(small), type_guess_accuracy(big)
+    assert guess_small is not None and guess_big is not None
+    assert guess_big < guess_small - 0.1  # measured on seed 42's 300 test records: 51.8% -> 24.8%
+
+    def named(record: dict) -> int:
+        return len({w for p in record["paragraphs"] for w in re.findall(r"[A-Z][a-z]+", p["text"])})
+
+    assert sum(map(named, big)) > sum(map(named, small))
 
 
 def test_synthetic_is_json_round_trippable() -> None:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from expectations import REQUIRED_SWEEP_COLUMNS
 
+from selfcest.data.qa import generate_synthetic, type_guess_accuracy
 from selfcest.reports import (
     AT_FLOOR,
     BELOW_MARGIN,
@@ -429,8 +430,34 @@ def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
     write_cell(
         cells, "qa", "test", "retired_model", [dict(r, method="retired") for r in qa_rows]
     )  # left the matrix
+    # Synthetic QA records under the cells' problem ids: the report's type-guess floor covers the
+    # evaluated problems only (test-0 guessed right, test-1..3 wrong; test-9 right, not evaluated).
+    pool = generate_synthetic(5, {"test": {"count": 60, "extra_entities": 4}})["test"]
+    right = [r for r in pool if type_guess_accuracy([r]) == 1.0]
+    wrong = [r for r in pool if type_guess_accuracy([r]) == 0.0]
+    chosen = [right[0], *wrong[:3], right[1]]
+    qa_data = tmp_path / "qa_data"
+    qa_data.mkdir()
+    (qa_data / "test.jsonl").write_text(
+        "".join(
+            json.dumps(dict(r, id=pid)) + "\n"
+            for r, pid in zip(chosen, ["test-0", "test-1", "test-2", "test-3", "test-9"], strict=True)
+        ),
+        encoding="utf-8",
+    )
     out = tmp_path / "reports"
-    report.main(["--params", str(_params(tmp_path)), "--cells", str(cells), "--out", str(out)])
+    report.main(
+        [
+            "--params",
+            str(_params(tmp_path)),
+            "--cells",
+            str(cells),
+            "--out",
+            str(out),
+            "--qa-data",
+            str(qa_data),
+        ]
+    )
 
     with (out / "sweep.csv").open(newline="") as handle:
         table = list(csv.DictReader(handle))
@@ -447,6 +474,8 @@ def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
     assert 0.0 < arith["methods"]["base"]["auc"] < arith["methods"]["selfcest"]["auc"] < 1.0
     assert metrics["claims"]["arithmetic/ood"] == {"a": 1, "c": 1, "d": 1}  # (b): noclone-grpo is missing
     assert metrics["claims"]["qa/test"] == {}  # nothing to check without selfcest
+    assert metrics["benchmarks"]["qa/test"]["type_guess_floor"] == 0.25
+    assert "type_guess_floor" not in arith
 
     for name in ("arithmetic_ood", "qa_test"):
         png = out / "pareto" / f"{name}.png"
@@ -464,6 +493,7 @@ def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
     )
     assert "at every budget tested | NOT CHECKED | NOT CHECKED |" in summary
     assert "`selfcest` (budget 400) at 80.0%" in summary
+    assert summary.count("Type-guess floor: 25.0%") == 1  # under `qa/test` only
 
     page = (out / "traces.html").read_text()
     assert "<script" not in page.lower() and "<img" not in page.lower()

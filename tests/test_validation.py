@@ -187,6 +187,8 @@ def test_stage_end_to_end(tmp_path: Path) -> None:
     }
     assert metrics["sources"]["2wiki_dev/kag_2wiki_qa_sub.json"]["duplicates_merged"] == 2
     assert metrics["splits"]["ood"]["num_hops_min"] == 3
+    assert 0.0 <= metrics["splits"]["test"]["type_guess_accuracy"] <= 1.0
+    assert metrics["splits"]["musique_dev"]["type_guess_accuracy"] is None
     md = (reports / "qa_validation.md").read_text(encoding="utf-8")
     assert "# QA data validation" in md and wiki[5]["_id"] in md
 

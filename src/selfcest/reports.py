@@ -651,11 +651,16 @@ def sort_rows(
 
 
 def build_metrics(
-    sweep: Sweep, *, settings: Mapping[str, Settings], claims: Mapping[str, list[Claim]]
+    sweep: Sweep,
+    *,
+    settings: Mapping[str, Settings],
+    claims: Mapping[str, list[Claim]],
+    floors: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Compact metrics for `dvc metrics diff`: per benchmark, its reference budget and frontier range,
-    and per method the accuracy at the reference budget and the frontier area (generated tokens);
-    per claim benchmark, 1 or 0 per checked claim (unchecked claims are left out)."""
+    """Compact metrics for `dvc metrics diff`: per benchmark, its reference budget and frontier range
+    (and its guessing floor where `floors` has one), and per method the accuracy at the reference
+    budget and the frontier area (generated tokens); per claim benchmark, 1 or 0 per checked claim
+    (unchecked claims are left out)."""
     out: dict[str, Any] = {"benchmarks": {}}
     for name in sweep.benchmarks():
         rows = sweep.for_benchmark(name)
@@ -665,6 +670,8 @@ def build_metrics(
             "auc_max_tokens": setting.auc_max_tokens,
             "methods": {},
         }
+        if floors and name in floors:
+            entry["type_guess_floor"] = round(floors[name], 6)
         for method in dict.fromkeys(r["method"] for r in rows):
             values = {"auc": round(frontier_auc(method_points(rows, method), setting.auc_max_tokens), 6)}
             at_ref = _by_budget(rows, method).get(setting.reference_budget)
@@ -754,9 +761,11 @@ def summary_markdown(
     settings: Mapping[str, Settings],
     claims: Mapping[str, list[Claim]],
     method_order: Sequence[str],
+    floors: Mapping[str, float] | None = None,
 ) -> str:
     """The summary report: per benchmark a table at the reference budget, who owns the frontier
-    where, and the claims; every sentence is generated from the rows."""
+    where, and the claims; every sentence is generated from the rows. `floors`: per benchmark, the
+    accuracy of guessing without reading (synthetic QA's type-guess floor), shown under its heading."""
     lines = [
         "# Budget-sweep evaluation",
         "",
@@ -861,6 +870,13 @@ def summary_markdown(
         has_f1 = any(r.get("f1") is not None for r in rows)
         n = max((int(r["n"]) for r in rows), default=0)
         lines += [f"## `{name}` ({n} problems)", ""]
+        if floors and name in floors:
+            lines += [
+                f"Type-guess floor: {_pct(floors[name])}, the expected accuracy of guessing the entity of the "
+                "answer's type that these problems' contexts mention most often, without following the "
+                "chain (`selfcest.data.qa.type_guess_accuracy`). A method at or below it shows no reading.",
+                "",
+            ]
         header = ["method", f"acc @{reference_budget} [Wilson 95% CI]"] + (["F1"] if has_f1 else [])
         header += [
             "gen tok",
