@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from selfcest.data.qa import RELATIONS
+from selfcest.data.qa import fact_sentences, sentences
 from selfcest.prompts import (
     CLONE_SYSTEM_PROMPT,
     MONOLITHIC_SYSTEM_PROMPT,
@@ -223,11 +223,6 @@ def arithmetic_root_conversation(
 
 
 # ---------------------------------------------------------------------------- multi-hop QA
-def _sentences(text: str) -> list[str]:
-    """A paragraph's sentences (the synthetic generator ends every sentence with a full stop)."""
-    return [sentence.strip() for sentence in re.split(r"(?<=\.)\s+", text.strip())]
-
-
 def _fact_sentence(paragraph_text: str, question: str, answer: str) -> str:
     """The sentence of a hop's paragraph that answers its question (quoted before answering).
 
@@ -238,16 +233,7 @@ def _fact_sentence(paragraph_text: str, question: str, answer: str) -> str:
     for fact_question, fact_answer, sentence in paragraph_facts(paragraph_text):
         if fact_question == question and fact_answer == answer:
             return sentence
-    return next((sentence for sentence in _sentences(paragraph_text) if answer in sentence), "")
-
-
-def _fact_pattern(template: str) -> re.Pattern[str]:
-    """`"{s} was born in {o}."` -> a regex that reads subject and object back out of such a sentence."""
-    pattern = re.escape(template).replace(r"\{s\}", r"(?P<s>[A-Z]\w*)").replace(r"\{o\}", r"(?P<o>[A-Z]\w*)")
-    return re.compile(pattern + r"\Z")
-
-
-_FACT_PATTERNS = [(relation, _fact_pattern(relation.fact)) for relation in RELATIONS.values()]
+    return next((sentence for sentence in sentences(paragraph_text) if answer in sentence), "")
 
 
 def paragraph_facts(text: str) -> list[tuple[str, str, str]]:
@@ -255,14 +241,10 @@ def paragraph_facts(text: str) -> list[tuple[str, str, str]]:
 
     The synthetic generator writes each fact from its relation's template (`selfcest.data.qa.RELATIONS`);
     filler sentences and text from other sources match no template and give nothing."""
-    facts = []
-    for sentence in _sentences(text):
-        for relation, pattern in _FACT_PATTERNS:
-            match = pattern.match(sentence)
-            if match:
-                facts.append((relation.ask.format(x=match["s"]), match["o"], sentence))
-                break
-    return facts
+    return [
+        (relation.ask.format(x=subject), obj, sentence)
+        for relation, subject, obj, sentence in fact_sentences(text)
+    ]
 
 
 def _teachable_qa_record(record: Mapping[str, Any]) -> bool:

@@ -752,18 +752,38 @@ def generate_synthetic(
     return out
 
 
-_FACT_PATTERNS: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
-    (
-        re.compile(
-            re.escape(rel.fact)
-            .replace(r"\{s\}", r"(?P<s>[A-Z][a-z]+)")
-            .replace(r"\{o\}", r"(?P<o>[A-Z][a-z]+)")
-        ),
-        rel.src,
-        rel.dst,
-    )
-    for rel in RELATIONS.values()
-)
+def sentences(text: str) -> list[str]:
+    """A paragraph's sentences (the synthetic generator ends every sentence with a full stop)."""
+    return [sentence.strip() for sentence in re.split(r"(?<=\.)\s+", text.strip())]
+
+
+def fact_pattern(template: str) -> re.Pattern[str]:
+    """`"{s} was born in {o}."` -> a regex that reads subject and object back out of such a sentence."""
+    pattern = re.escape(template).replace(r"\{s\}", r"(?P<s>[A-Z]\w*)").replace(r"\{o\}", r"(?P<o>[A-Z]\w*)")
+    return re.compile(pattern + r"\Z")
+
+
+FACT_PATTERNS: list[tuple[Relation, re.Pattern[str]]] = [
+    (relation, fact_pattern(relation.fact)) for relation in RELATIONS.values()
+]
+
+
+def fact_sentences(text: str) -> list[tuple[Relation, str, str, str]]:
+    """(relation, subject, object, sentence) for every relation sentence of a synthetic paragraph.
+
+    The generator writes each fact from its relation's template (`RELATIONS`); filler sentences and
+    text from other sources match no template and give nothing. The teachers quote these sentences
+    and `type_guess_accuracy` reads the entities' types from them."""
+    facts = []
+    for sentence in sentences(text):
+        for relation, pattern in FACT_PATTERNS:
+            match = pattern.match(sentence)
+            if match:
+                facts.append((relation, match["s"], match["o"], sentence))
+                break
+    return facts
+
+
 _NAME_SET = frozenset(NAMES)
 
 
@@ -786,9 +806,8 @@ def type_guess_accuracy(records: Iterable[Mapping[str, Any]]) -> float | None:
             for word in re.findall(r"[A-Z][a-z]+", text):
                 if word in _NAME_SET:
                     mentions[word] = mentions.get(word, 0) + 1
-            for pattern, src, dst in _FACT_PATTERNS:
-                for match in pattern.finditer(text):
-                    type_of[match["s"]], type_of[match["o"]] = src, dst
+            for relation, subject, obj, _ in fact_sentences(text):
+                type_of[subject], type_of[obj] = relation.src, relation.dst
         asked = set(re.findall(r"[A-Z][a-z]+", str(record["question"])))
         counts = {e: c for e, c in mentions.items() if type_of.get(e) == wanted and e not in asked}
         top = max(counts.values(), default=0)
