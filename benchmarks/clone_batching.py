@@ -11,12 +11,16 @@ import argparse
 import json
 import time
 
-import torch
+from selfcest.determinism import pin_cpu_kernels
 
-from selfcest.engine import GenerationRequest, SamplingConfig, TransformersEngine
-from selfcest.model import load_model
-from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question
-from selfcest.tokenizer import load_tokenizer
+pin_cpu_kernels()  # before torch is imported: the pipeline's CPU kernels (selfcest/determinism.py)
+
+import torch  # noqa: E402
+
+from selfcest.engine import GenerationRequest, SamplingConfig, TransformersEngine  # noqa: E402
+from selfcest.model import load_model  # noqa: E402
+from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question  # noqa: E402
+from selfcest.tokenizer import load_tokenizer  # noqa: E402
 
 
 def main() -> None:

@@ -23,11 +23,15 @@ import random
 import sys
 from pathlib import Path
 
-import torch
+from selfcest.determinism import pin_cpu_kernels
 
-from selfcest.data.arithmetic import ArithmeticConfig, config_from_mapping, generate_expression
-from selfcest.engine import TransformersEngine
-from selfcest.evaluation import (
+pin_cpu_kernels()  # before torch is imported: the pipeline's CPU kernels (selfcest/determinism.py)
+
+import torch  # noqa: E402
+
+from selfcest.data.arithmetic import ArithmeticConfig, config_from_mapping, generate_expression  # noqa: E402
+from selfcest.engine import TransformersEngine  # noqa: E402
+from selfcest.evaluation import (  # noqa: E402
     Evaluator,
     MethodSpec,
     Problem,
@@ -35,9 +39,9 @@ from selfcest.evaluation import (
     problem_from_record,
     runtime_config_from_params,
 )
-from selfcest.model import load_model
-from selfcest.prompts import arithmetic_question
-from selfcest.tokenizer import load_tokenizer
+from selfcest.model import load_model  # noqa: E402
+from selfcest.prompts import arithmetic_question  # noqa: E402
+from selfcest.tokenizer import load_tokenizer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stages.common import load_params  # noqa: E402

@@ -32,16 +32,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-from datasets import Dataset
-from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+from selfcest.determinism import pin_cpu_kernels
 
-from selfcest.checkpoints import fingerprint
-from selfcest.data.arithmetic import config_from_mapping, generate_expression
-from selfcest.model import load_model
-from selfcest.teachers import arithmetic_conversations, build_warmup_conversations
-from selfcest.tokenizer import load_tokenizer
-from selfcest.warmup import run_warmup, tokenize_conversations, warmup_settings
+pin_cpu_kernels()  # before torch is imported: the pipeline's CPU kernels (selfcest/determinism.py)
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # noqa: E402
+
+from selfcest.checkpoints import fingerprint  # noqa: E402
+from selfcest.data.arithmetic import config_from_mapping, generate_expression  # noqa: E402
+from selfcest.model import load_model  # noqa: E402
+from selfcest.teachers import arithmetic_conversations, build_warmup_conversations  # noqa: E402
+from selfcest.tokenizer import load_tokenizer  # noqa: E402
+from selfcest.warmup import run_warmup, tokenize_conversations, warmup_settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stages.common import load_params, read_jsonl  # noqa: E402

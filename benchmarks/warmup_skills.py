@@ -19,10 +19,14 @@ import random
 import sys
 from pathlib import Path
 
-import torch
+from selfcest.determinism import pin_cpu_kernels
 
-from selfcest.engine import TransformersEngine
-from selfcest.evaluation import (
+pin_cpu_kernels()  # before torch is imported: the pipeline's CPU kernels (selfcest/determinism.py)
+
+import torch  # noqa: E402
+
+from selfcest.engine import TransformersEngine  # noqa: E402
+from selfcest.evaluation import (  # noqa: E402
     Evaluator,
     MethodSpec,
     ProblemResult,
@@ -30,9 +34,9 @@ from selfcest.evaluation import (
     problem_from_record,
     runtime_config_from_params,
 )
-from selfcest.model import load_model
-from selfcest.runtime import Episode
-from selfcest.tokenizer import load_tokenizer
+from selfcest.model import load_model  # noqa: E402
+from selfcest.runtime import Episode  # noqa: E402
+from selfcest.tokenizer import load_tokenizer  # noqa: E402
 
 # The stages' own params and JSONL readers (OmegaConf: PyYAML reads `3e-05` as a string).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

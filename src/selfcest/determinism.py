@@ -1,0 +1,68 @@
+"""The same weights from the same seed on every x86 CPU: pin PyTorch's vectorised CPU kernels.
+
+PyTorch picks its vectorised CPU kernels (softmax, reductions, element-wise ops) by the instruction
+set it finds: AVX-512 where the CPU has it, AVX2 otherwise. The two sum in different orders, so the
+same seed trains different weights on different machines. Measured on this project's two CPU kinds
+(both 2 cores): the warm-up's logged grad norm differs at step 100 (3.581713 vs 3.581715), the runs
+drift apart, and the default pipeline ends in different checkpoints and reports (`qa/test` 62.5% on
+the AVX2 machine, 100% on the AVX-512 one). With `ATEN_CPU_CAPABILITY=avx2` the AVX-512 machine
+logs the AVX2 machine's warm-up to the last digit (`MKL_CBWR=AVX2` or `ONEDNN_MAX_CPU_ISA=AVX2`
+alone does not change a digit). AVX2 is what every x86 machine of the last decade has, so it is the
+common ground; the price on an AVX-512 machine is small (the warm-up ran at ~12 steps/s pinned and
+~13 unpinned).
+
+This has to run before `torch` is first imported (ATen reads the variable once); the DVC stages do it
+in `stages/__init__.py`. A value the user already set wins, and `SELFCEST_CPU_KERNELS=native` turns
+the pinning off. Other sources of difference stay: the number of torch threads (reductions split by
+thread), other architectures (ARM), and GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import MutableMapping
+from pathlib import Path
+
+KERNEL_VARIABLE = "ATEN_CPU_CAPABILITY"
+PINNED_CAPABILITY = "avx2"
+OPT_OUT_VARIABLE = "SELFCEST_CPU_KERNELS"
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where it cannot be read."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "flags":
+            return set(value.split())
+    return set()
+
+
+def pin_cpu_kernels(
+    environ: MutableMapping[str, str] | None = None, flags: set[str] | None = None
+) -> str | None:
+    """Pin ATen's CPU kernels to AVX2 where the CPU has AVX2 and FMA (the level ATen would pick on an
+    AVX2 machine). Returns the capability now in force through the variable, or None where nothing is
+    pinned (opted out, no AVX2, not x86). Never overrides a value already set."""
+    environ = os.environ if environ is None else environ
+    if environ.get(OPT_OUT_VARIABLE, "").strip().lower() == "native":
+        return None
+    if KERNEL_VARIABLE in environ:
+        return environ[KERNEL_VARIABLE]
+    flags = cpu_flags() if flags is None else flags
+    if not {"avx2", "fma"} <= flags:
+        return None
+    if environ is os.environ and "torch" in sys.modules:
+        warnings.warn(
+            f"selfcest.determinism: torch was imported before {KERNEL_VARIABLE} was set; "
+            "this process keeps the kernels torch chose",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    environ[KERNEL_VARIABLE] = PINNED_CAPABILITY
+    return PINNED_CAPABILITY
