@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import re
 import socket
 from pathlib import Path
@@ -17,6 +18,7 @@ from selfcest.data.qa import (
     load_2wiki,
     load_musique,
     make_keys,
+    record_documents,
     records_sha256,
     slugify,
     type_guess_accuracy,
@@ -352,3 +354,30 @@ def test_2wiki_duplicate_titles_resolve_to_the_copy_with_the_fact() -> None:
         broken["supporting_facts"][0][1] = bad
         with pytest.raises(_RecordError, match=r"supporting_facts\[0\]"):
             adapt_2wiki(broken)
+
+
+def test_readers_of_real_records_see_titles_their_keys_do_not_spell() -> None:
+    from selfcest.evaluation import problem_from_record
+    from selfcest.tasks import task_from_record
+    from selfcest.teachers import TeacherConfig, qa_conversations
+
+    record = next(
+        r
+        for r in load_2wiki(str(WIKI)).records
+        if r["hops"]
+        and (hop := {p["key"]: p for p in r["paragraphs"]}[r["hops"][0]["paragraph_key"]])["title"]
+        != hop["key"]
+    )
+    paragraph = {p["key"]: p for p in record["paragraphs"]}[record["hops"][0]["paragraph_key"]]
+    expected = f"{paragraph['title']}\n{paragraph['text']}"
+    assert record_documents(record)[paragraph["key"]] == expected
+    # Every path to a reader: the runtime's task, the evaluator's problem, the warm-up's clone turns.
+    assert task_from_record(record, "delegate").documents[paragraph["key"]] == expected
+    assert problem_from_record("qa", record).documents[paragraph["key"]] == expected
+    config = TeacherConfig(qa_failed_clone_fraction=0.0)
+    conversations = qa_conversations(record, random.Random(0), config)
+    texts = [m["content"] for c in conversations for m in c["messages"] if isinstance(m.get("content"), str)]
+    assert any(expected in text for text in texts)
+    # Synthetic titles are their keys: their documents stay the bare text.
+    synthetic = generate_synthetic(3, SMALL)["test"][0]
+    assert record_documents(synthetic) == {p["key"]: p["text"] for p in synthetic["paragraphs"]}

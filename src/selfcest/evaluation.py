@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from selfcest.data.qa import record_documents
 from selfcest.engine import EngineStats, GenerationEngine, SamplingConfig
 from selfcest.prompts import ANSWER_MARKER, THINKING_SYSTEM_PROMPT, qa_monolithic_question
 from selfcest.runtime import Episode, Runtime, RuntimeConfig, Task
@@ -86,7 +87,7 @@ def problem_from_record(dataset: str, record: Mapping[str, Any]) -> Problem:
             str(record["id"]), dataset, arithmetic_question(record["expr"]), [str(record["answer"])]
         )
     if dataset == "qa":
-        documents = {p["key"]: p["text"] for p in record["paragraphs"]}
+        documents = record_documents(record)
         return Problem(
             str(record["id"]),
             dataset,

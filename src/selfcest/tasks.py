@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from selfcest.data.qa import record_documents
 from selfcest.prompts import ANSWER_MARKER, arithmetic_question, qa_monolithic_question, qa_root_question
 from selfcest.runtime import Episode, Task
 from selfcest.scoring import qa_exact_match, qa_f1, score_arithmetic
@@ -51,7 +52,7 @@ def task_from_record(record: Mapping[str, Any], view: View) -> Task:
                 "size": int(record["num_operators"]) + 1,
             },
         )
-    documents = {p["key"]: p["text"] for p in record["paragraphs"]}
+    documents = record_documents(record)
     metadata = {"kind": "qa", "answers": list(record["answers"]), "size": int(record.get("num_hops", 0))}
     return qa_task(str(record["id"]), record["question"], documents, view, metadata)
 

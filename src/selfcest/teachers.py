@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from selfcest.data.qa import fact_sentences, sentences
+from selfcest.data.qa import fact_sentences, paragraph_document, sentences
 from selfcest.prompts import (
     CLONE_SYSTEM_PROMPT,
     MONOLITHIC_SYSTEM_PROMPT,
@@ -272,7 +272,7 @@ def qa_conversations(
         keys = [hop["paragraph_key"]]
         if rng.random() < config.qa_extra_keys_fraction:
             keys.append(rng.choice(list(paragraphs)))
-        documents = {k: paragraphs[k]["text"] for k in dict.fromkeys(keys)}
+        documents = {k: paragraph_document(paragraphs[k]) for k in dict.fromkeys(keys)}
         fact = _fact_sentence(paragraphs[hop["paragraph_key"]]["text"], hop["question"], hop["answer"])
         out.append(_qa_clone(hop["question"], documents, hop["answer"], quote=fact))
     for _ in range(config.qa_reading_drills):
@@ -280,7 +280,9 @@ def qa_conversations(
         facts = paragraph_facts(paragraphs[key]["text"])
         if facts:
             question, fact_answer, sentence = rng.choice(facts)
-            out.append(_qa_clone(question, {key: paragraphs[key]["text"]}, fact_answer, quote=sentence))
+            out.append(
+                _qa_clone(question, {key: paragraph_document(paragraphs[key])}, fact_answer, quote=sentence)
+            )
     out.append(qa_root_conversation(record, rng, config))
     # Monolithic: the supporting paragraphs plus distractors, from a few up to the whole context.
     support = [h["paragraph_key"] for h in hops]
@@ -289,7 +291,7 @@ def qa_conversations(
     low, high = config.qa_mono_distractors
     keys = support + others[: rng.randint(low, high)]
     rng.shuffle(keys)
-    documents = {k: paragraphs[k]["text"] for k in keys}
+    documents = {k: paragraph_document(paragraphs[k]) for k in keys}
     facts = [_fact_sentence(paragraphs[h["paragraph_key"]]["text"], h["question"], h["answer"]) for h in hops]
     question = qa_monolithic_question(record["question"], documents)
     out.append(_solo(MONOLITHIC_SYSTEM_PROMPT, question, "\n".join([*facts, f"Answer: {answer}"]), "qa_mono"))

@@ -157,6 +157,21 @@ def make_keys(titles: Sequence[str]) -> list[str]:
     return keys
 
 
+def paragraph_document(paragraph: Mapping[str, Any]) -> str:
+    """What a reader handed this paragraph's key sees: its text, headed by its title when the key does
+    not spell the title. Slug keys drop punctuation and accents ("Theodred II (Bishop of Elmham)" is
+    `Theodred-II-Bishop-of-Elmham`), and 2Wiki's hops name titles, so a clone should read the title
+    itself. Synthetic titles are their keys, so synthetic documents are the bare text."""
+    title = str(paragraph.get("title") or "").strip()
+    text = str(paragraph["text"])
+    return f"{title}\n{text}" if title and title != paragraph["key"] else text
+
+
+def record_documents(record: Mapping[str, Any]) -> dict[str, str]:
+    """{key: document} of a unified QA record, in context order: the runtime's `Task.documents`."""
+    return {p["key"]: paragraph_document(p) for p in record["paragraphs"]}
+
+
 # ---------------------------------------------------------------------------------------- reading
 
 
