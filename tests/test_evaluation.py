@@ -28,6 +28,7 @@ from selfcest.evaluation import (
     load_problems,
     majority_vote,
     problem_from_record,
+    runtime_config_from_params,
     score_answer,
     select_indices,
     summarize,
@@ -656,3 +657,15 @@ def test_eval_stage_on_the_vllm_engine_matches_transformers(
         run_cell("sglang", tmp_path / "x")
     with pytest.raises(ValueError, match="eval.sweep.engine"):  # before the checkpoint is opened
         evaluate.build_engine({"engine": "sglang"}, tmp_path / "no-such-checkpoint")
+
+
+def test_runtime_params_build_the_config_and_a_misspelt_key_is_an_error() -> None:
+    from omegaconf import OmegaConf
+
+    committed = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[1] / "params.yaml"))
+    config = runtime_config_from_params(committed["runtime"])
+    assert config.max_clones_per_call == committed["runtime"]["max_clones_per_call"]
+    assert config.root_reserve_tokens == committed["runtime"]["root_reserve_tokens"]
+    assert runtime_config_from_params(None) == RuntimeConfig()
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_clone_per_call'\]"):
+        runtime_config_from_params({"max_clone_per_call": 2, "max_turns": 3})

@@ -309,9 +309,15 @@ class BM25Ranker:
 
 # --------------------------------------------------------------------------- running methods
 def runtime_config_from_params(params: Mapping[str, Any] | None) -> RuntimeConfig:
-    """A `RuntimeConfig` from the `runtime:` params section (unknown keys are ignored)."""
+    """A `RuntimeConfig` from the `runtime:` params section. An unknown key is an error: a misspelt
+    limit (`max_clone_per_call`) would otherwise run the whole sweep on the default, unnoticed."""
     names = {f.name for f in fields(RuntimeConfig)}
-    return RuntimeConfig(**{k: v for k, v in (params or {}).items() if k in names})
+    unknown = sorted(set(params or {}) - names)
+    if unknown:
+        raise ValueError(
+            f"params runtime: unknown key(s) {unknown}; RuntimeConfig's fields are {sorted(names)}"
+        )
+    return RuntimeConfig(**dict(params or {}))
 
 
 def slim_episode(episode: Episode) -> dict[str, Any]:
