@@ -785,6 +785,10 @@ def summary_markdown(
         "- Accuracy: exact match (QA: SQuAD-normalised EM; F1 in its own column). The tables give its "
         "Wilson 95% interval; `sweep.csv` has that (`wilson_low`, `wilson_high`) and the cells' seeded "
         "percentile bootstrap 95% interval (`ci_low`, `ci_high`), which is zero-width at 0/n and n/n.",
+        "- Time: `s/problem` (`seconds` in `sweep.csv`) is the wall time of the batch that ran a method at "
+        "a budget over all the split's problems, over n: throughput, since problems run side by side. "
+        "`latency_seconds` is the mean time from that batch's start to each problem's answer. Both are "
+        "this machine's and change between runs; every other number is reproducible from the seed.",
         "",
     ]
     missing = missing_methods(sweep, eval_params)
