@@ -16,9 +16,9 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from selfcest.checkpoints import code_sha256, prepare_run_dir
-from selfcest.grpo import ROLE_CLONE, ROLE_PAD, ROLE_ROOT, SelfcestGRPOTrainer
+from selfcest.grpo import ROLE_CLONE, ROLE_PAD, ROLE_ROOT, SelfcestConfig, SelfcestGRPOTrainer
 from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward, length_penalty
-from selfcest.runtime import AgentRecord, Episode
+from selfcest.runtime import AgentRecord, Episode, RuntimeConfig
 
 
 def clone(status: str, generated: int = 10, answer: str | None = "1") -> AgentRecord:
@@ -62,6 +62,16 @@ def test_gates() -> None:
     assert clone_gate(clone("truncated", 100, None), -0.4, GateConfig("ratio")) == 1.0
     assert clone_gate(clone("ok"), 0.0, GateConfig("ratio")) == 0.0  # the release's 0/0 side effect
     assert clone_gate(clone("ok"), 0.0, GateConfig("ratio", credit_clones_of_zero_reward_roots=True)) == 1.0
+
+
+def test_a_ratio_gate_that_no_clone_can_reach_is_refused() -> None:
+    """The release's 192-token threshold under the tiny profile's 96-token clone cap would never gate."""
+    tiny = RuntimeConfig(clone_max_tokens=96)
+    with pytest.raises(ValueError, match="ratio_min_tokens 192 is not below the clone token cap 96"):
+        SelfcestConfig(runtime=tiny, gate=GateConfig("ratio"))
+    SelfcestConfig(runtime=tiny, gate=GateConfig("ratio", ratio_min_tokens=48))  # reachable: accepted
+    SelfcestConfig(runtime=tiny, gate=GateConfig("protocol"))  # the threshold is unused: accepted
+    SelfcestConfig(runtime=RuntimeConfig(clone_max_tokens=1024), gate=GateConfig("ratio"))  # the release
 
 
 def generation_batch(trainer) -> tuple[dict, list[dict]]:

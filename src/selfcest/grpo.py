@@ -61,6 +61,18 @@ class SelfcestConfig:
     does not fit as it is: it loads weights from disk once, and rollouts from it would come from stale
     weights without a weight sync after every optimiser step (not built; vLLM serves evaluation)."""
 
+    def __post_init__(self) -> None:
+        # The release's ratio gate zeroes a clone that wrote more than `ratio_min_tokens` without an
+        # answer. Its 192 suits 1024-token clones; under the tiny profile's 96-token cap no clone can
+        # ever write that much, so the gate would silently be the ungated ablation.
+        cap = self.runtime.clone_max_tokens
+        if self.gate.mode == "ratio" and self.gate.ratio_min_tokens >= cap:
+            raise ValueError(
+                f"grpo gate `ratio`: ratio_min_tokens {self.gate.ratio_min_tokens} is not below the clone "
+                f"token cap {cap} (runtime clone_max_tokens), so no clone could ever be gated; set "
+                "grpo.gate_options.ratio_min_tokens below the cap"
+            )
+
 
 def agent_row(agent: AgentRecord) -> tuple[list[int], list[int], list[int]]:
     """(prompt ids, completion ids, env mask) of one agent: the completion starts at its first
