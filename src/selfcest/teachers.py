@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from selfcest.data.qa import fact_sentences, paragraph_document, sentences
+from selfcest.data.qa import fact_sentences, record_documents, sentences
 from selfcest.prompts import (
     CLONE_SYSTEM_PROMPT,
     MONOLITHIC_SYSTEM_PROMPT,
@@ -261,6 +261,7 @@ def qa_conversations(
     if not _teachable_qa_record(record):
         return []
     paragraphs = {p["key"]: p for p in record["paragraphs"]}
+    documents_by_key = record_documents(record)  # what the runtime hands a clone for each key
     hops = record["hops"]
     answer = record["answers"][0]
     out = []
@@ -272,7 +273,7 @@ def qa_conversations(
         keys = [hop["paragraph_key"]]
         if rng.random() < config.qa_extra_keys_fraction:
             keys.append(rng.choice(list(paragraphs)))
-        documents = {k: paragraph_document(paragraphs[k]) for k in dict.fromkeys(keys)}
+        documents = {k: documents_by_key[k] for k in dict.fromkeys(keys)}
         fact = _fact_sentence(paragraphs[hop["paragraph_key"]]["text"], hop["question"], hop["answer"])
         out.append(_qa_clone(hop["question"], documents, hop["answer"], quote=fact))
     for _ in range(config.qa_reading_drills):
@@ -280,9 +281,7 @@ def qa_conversations(
         facts = paragraph_facts(paragraphs[key]["text"])
         if facts:
             question, fact_answer, sentence = rng.choice(facts)
-            out.append(
-                _qa_clone(question, {key: paragraph_document(paragraphs[key])}, fact_answer, quote=sentence)
-            )
+            out.append(_qa_clone(question, {key: documents_by_key[key]}, fact_answer, quote=sentence))
     out.append(qa_root_conversation(record, rng, config))
     # Monolithic: the supporting paragraphs plus distractors, from a few up to the whole context.
     support = [h["paragraph_key"] for h in hops]
@@ -291,7 +290,7 @@ def qa_conversations(
     low, high = config.qa_mono_distractors
     keys = support + others[: rng.randint(low, high)]
     rng.shuffle(keys)
-    documents = {k: paragraph_document(paragraphs[k]) for k in keys}
+    documents = {k: documents_by_key[k] for k in keys}
     facts = [_fact_sentence(paragraphs[h["paragraph_key"]]["text"], h["question"], h["answer"]) for h in hops]
     question = qa_monolithic_question(record["question"], documents)
     out.append(_solo(MONOLITHIC_SYSTEM_PROMPT, question, "\n".join([*facts, f"Answer: {answer}"]), "qa_mono"))
