@@ -1,20 +1,21 @@
-"""`selfcest` command line: try any local checkpoint on a question in one line.
+"""`selfcest` command line: try any local checkpoint on a question in one line, or compare the
+budget sweeps of two commits offline.
 
 selfcest solve --model artifacts/selfcest_model "Calculate the value of 12+7-3."
+selfcest compare HEAD~1            # reports/sweep.csv at HEAD~1 against the working tree's
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from selfcest.engine import SamplingConfig, TransformersEngine
-from selfcest.model import load_model
-from selfcest.prompts import qa_root_question
-from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task
-from selfcest.tokenizer import load_tokenizer
+if TYPE_CHECKING:  # `solve` imports torch; `compare` should start without it
+    from selfcest.runtime import AgentRecord, Episode
 
 
 def _tree_lines(episode: Episode) -> list[str]:
@@ -40,6 +41,12 @@ def _tree_lines(episode: Episode) -> list[str]:
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
+    from selfcest.engine import SamplingConfig, TransformersEngine
+    from selfcest.model import load_model
+    from selfcest.prompts import qa_root_question
+    from selfcest.runtime import Runtime, RuntimeConfig, Task
+    from selfcest.tokenizer import load_tokenizer
+
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model, device=args.device)
     config = RuntimeConfig(
@@ -84,6 +91,51 @@ def cmd_solve(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_revision(repo: Path, revision: str | None, path: str) -> str:
+    """A file's text at a git revision (`git show REV:./path`, so `path` is relative to `repo`), or
+    the working tree's copy when `revision` is None. Reports in `reports/` are tracked by git
+    (`cache: false` in dvc.yaml), so every commit holds its own."""
+    if revision is None:
+        file = repo / path
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: no such file in the working tree")
+        return file.read_text(encoding="utf-8")
+    result = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{revision}:./{path}"], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise FileNotFoundError(f"git revision {revision!r} has no {path} in {repo}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from selfcest.compare import changes_markdown, plot_revisions, read_sweep_csv, sweep_changes
+    from selfcest.reports import COSTS
+
+    repo = Path(args.repo)
+    labels = [args.old, args.new or "workspace"]
+    try:
+        runs = {
+            label: read_sweep_csv(read_revision(repo, revision, args.sweep), f"{label}:{args.sweep}")
+            for label, revision in zip(labels, [args.old, args.new], strict=True)
+        }
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if labels[0] == labels[1]:
+        print(f"error: both sides are {labels[0]!r}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = changes_markdown(sweep_changes(*runs.values()), *labels)
+    (out / "changes.md").write_text(table, encoding="utf-8")
+    for cost in COSTS:
+        plot_revisions(runs, cost, out / f"accuracy_vs_{cost}.png")
+    print(table)
+    print(f"plots: {', '.join(str(out / f'accuracy_vs_{cost}.png') for cost in COSTS)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="selfcest", description="SELFCEST: learned delegation by clones")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -101,9 +153,21 @@ def main(argv: list[str] | None = None) -> int:
     solve.add_argument("--device", default="cpu")
     solve.add_argument("--json", action="store_true", help="print the whole episode record as JSON")
     solve.add_argument("--verbose", action="store_true", help="print every agent's full context")
+    compare = commands.add_parser(
+        "compare",
+        help="what changed in reports/sweep.csv between two git revisions: a table and static plots "
+        "(the offline stand-in for `dvc plots diff`, whose HTML needs a CDN)",
+    )
+    compare.add_argument("old", help="a git revision, e.g. HEAD~1, main or a commit")
+    compare.add_argument("new", nargs="?", help="a git revision; default: the working tree's file")
+    compare.add_argument("--repo", default=".", help="the repository (default: the current directory)")
+    compare.add_argument("--sweep", default="reports/sweep.csv", help="the sweep's path in the repository")
+    compare.add_argument("--out", default="reports-diff", help="where changes.md and the PNGs go")
     args = parser.parse_args(argv)
     if args.command == "solve":
         return cmd_solve(args)
+    if args.command == "compare":
+        return cmd_compare(args)
     return 2
 
 
