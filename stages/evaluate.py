@@ -11,6 +11,12 @@ under `eval.models.<checkpoint>` at every budget of `eval.budgets.<dataset>` on 
                      (texts and counts, no per-token arrays), for the trace viewer
 
 A missing checkpoint directory does not fail the stage: rows.json then says `status: missing`.
+
+A killed cell resumes: every finished (method, budget) unit is journaled in
+`artifacts/runs/eval/<dataset>/<split>/<checkpoint>/` (`--run-dir`), under a fingerprint of the
+cell's params, split file, weights and code; a rerun with the same fingerprint reads those units
+back instead of running them, and any other fingerprint starts the journal afresh. The journal is
+removed once rows.json is written.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -104,6 +111,11 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     parser.add_argument("--params", type=Path, default=PARAMS_FILE)
     parser.add_argument("--out", type=Path, help="default: artifacts/eval/<dataset>/<split>/<model>")
     parser.add_argument("--max-problems", type=int, help="override eval.sweep.max_problems (smoke tests)")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        help="the journal of finished units; default: artifacts/runs/eval/<dataset>/<split>/<model>",
+    )
     args = parser.parse_args(argv)
     setup_logging()
     params = load_params(args.params)
@@ -143,14 +155,41 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
 
     seed = int(sweep.get("seed", params.get("seed", 0)))
     source = eval_params.get("math_sources", {}).get(args.split, {}) if args.dataset == "math" else {}
+    split_file = split_path(params, args.dataset, args.split)
     problems = load_problems(
         args.dataset,
-        split_path(params, args.dataset, args.split),
+        split_file,
         max_problems=args.max_problems
         if args.max_problems is not None
         else for_dataset(sweep.get("max_problems"), args.dataset),
         seed=seed,
     )
+    # The journal resumes only this very cell: what its rows depend on, hashed, as the training
+    # stages key their run folders (eval.sweep.workers/threads/batch_size change no row but are
+    # kept in: a resume is for a killed run of the same command, not for reuse across settings).
+    from selfcest.checkpoints import code_sha256, fingerprint, prepare_run_dir
+
+    hashing = time.perf_counter()
+    weights = weights_sha256(checkpoint)
+    cell_fingerprint = fingerprint(
+        {
+            **meta,
+            "seed": params.get("seed"),
+            "runtime": params.get("runtime"),
+            "sweep": sweep,
+            "budgets": for_dataset(eval_params["budgets"], args.dataset),
+            "methods": method_params,
+            "source": source,
+            "max_problems": args.max_problems,
+            "data": file_sha256(split_file),
+            "weights": weights,
+            "device": device,
+            "code": code_sha256(__file__),
+        }
+    )
+    run_dir = args.run_dir or Path("artifacts/runs/eval") / args.dataset / args.split / args.model
+    prepare_run_dir(run_dir, cell_fingerprint)
+    hashed = time.perf_counter()
     evaluator = Evaluator(
         engine,
         runtime_config_from_params(params.get("runtime")),
@@ -180,12 +219,14 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
             bootstrap_seed=seed,
             records_out=records,
             workers=workers,
+            journal=run_dir,
         )
     finished = time.perf_counter()
     timing = {
         "import_seconds": round(imported - _STARTED, 2),
         "load_seconds": round(loaded - imported, 2),
-        "run_seconds": round(finished - loaded, 2),
+        "hash_seconds": round(hashed - hashing, 2),
+        "run_seconds": round(finished - hashed, 2),
         "threads": torch.get_num_threads(),
         "workers": workers,
         "device": device,
@@ -196,15 +237,15 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
         {
             **meta,
             # Which weights produced these rows: the report names checkpoints that hold the same
-            # weights (a GRPO ablation that trained exactly as its reference run). Hashed after the
-            # timers, so a large checkpoint's hashing does not count as loading time.
-            "weights_sha256": weights_sha256(checkpoint),
+            # weights (a GRPO ablation that trained exactly as its reference run).
+            "weights_sha256": weights,
             "status": "ok",
             "methods": [m.name for m in methods],
             "rows": rows,
             "timing": timing,
         },
     )
+    shutil.rmtree(run_dir)  # the rows are written: nothing left to resume
     log.info("cell %s: %d rows, %s", json.dumps(meta), len(rows), timing)
 
 

@@ -485,6 +485,91 @@ def _without_timings(value: Any) -> Any:
     return value
 
 
+def _cell_payload(directory: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    with gzip.open(directory / "episodes.jsonl.gz", "rt") as handle:
+        records = [json.loads(line) for line in handle]
+    return json.loads((directory / "rows.json").read_text()), records
+
+
+def test_a_killed_cell_resumes_from_its_journal(tiny_checkpoint: Path, tmp_path: Path, monkeypatch) -> None:
+    """A cell killed part-way reads its finished (method, budget) units back on the rerun and runs
+    only the rest: the same rows and records as an uninterrupted run, fewer engine calls. A rerun
+    under other params does not read the journal of the killed run."""
+    from selfcest.evaluation import Evaluator
+    from stages import evaluate
+
+    monkeypatch.chdir(tmp_path)
+    params = _stage_params(tmp_path, tiny_checkpoint)
+    (tmp_path / "data" / "arithmetic").mkdir(parents=True)
+    (tmp_path / "data" / "arithmetic" / "test.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in arithmetic_records(4)), encoding="utf-8"
+    )
+    argv = [
+        "--params",
+        str(params),
+        "--dataset",
+        "arithmetic",
+        "--split",
+        "test",
+        "--model",
+        tiny_checkpoint.name,
+    ]
+    journal = tmp_path / "artifacts" / "runs" / "eval" / "arithmetic" / "test" / tiny_checkpoint.name
+    cell = tmp_path / "artifacts" / "eval" / "arithmetic" / "test" / tiny_checkpoint.name
+    evaluate.main([*argv, "--out", str(tmp_path / "fresh")])
+    fresh, fresh_records = _cell_payload(tmp_path / "fresh")
+    assert not journal.exists()  # removed once the rows are written
+
+    run = Evaluator.run
+
+    def killed_at_selfcest(self: Evaluator, spec: MethodSpec, problems: Any, budget: int) -> Any:
+        if spec.name == "selfcest":
+            raise RuntimeError("killed")
+        return run(self, spec, problems, budget)
+
+    def kill() -> None:
+        with monkeypatch.context() as patch:
+            patch.setattr(Evaluator, "run", killed_at_selfcest)
+            with pytest.raises(RuntimeError, match="killed"):
+                evaluate.main(argv)
+        # base and sc@2 finished at both budgets before selfcest's first unit
+        assert sorted(p.name for p in journal.glob("unit-*")) == [
+            "unit-000-16.json.gz", "unit-000-8.json.gz", "unit-001-16.json.gz", "unit-001-8.json.gz"
+        ]  # fmt: skip
+
+    kill()
+    evaluate.main(argv)
+    resumed, resumed_records = _cell_payload(cell)
+    assert _without_timings(resumed["rows"]) == _without_timings(fresh["rows"])
+    assert _without_timings(resumed_records) == _without_timings(fresh_records)
+    assert 0 < resumed["timing"]["engine_calls"] < fresh["timing"]["engine_calls"]
+    assert not journal.exists()
+
+    # A journaled unit is read back, not rerun: a tampered entry shows. Under other params the
+    # fingerprint differs, so the same tampered journal is cleared and every unit runs.
+    kill()
+    entry_path = journal / "unit-000-8.json.gz"
+    with gzip.open(entry_path, "rt") as handle:
+        entry = json.load(handle)
+    entry["row"]["accuracy"] = 0.123
+    with gzip.open(entry_path, "wt") as handle:
+        json.dump(entry, handle)
+    values = yaml.safe_load(params.read_text(encoding="utf-8"))
+    values["eval"]["sweep"]["bootstrap_resamples"] = 60
+    other = tmp_path / "other_params.yaml"
+    other.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+    evaluate.main(["--params", str(other), *argv[2:]])
+    rerun, _ = _cell_payload(cell)
+    assert 0.123 not in [r["accuracy"] for r in rerun["rows"]]
+    assert rerun["timing"]["engine_calls"] == fresh["timing"]["engine_calls"]
+    kill()
+    with gzip.open(journal / "unit-000-8.json.gz", "wt") as handle:
+        json.dump(entry, handle)
+    evaluate.main(argv)
+    tampered, _ = _cell_payload(cell)
+    assert [r["accuracy"] for r in tampered["rows"]][0] == 0.123
+
+
 def test_stage_in_two_worker_processes_matches_one_process(tiny_checkpoint: Path, tmp_path: Path) -> None:
     """`eval.sweep.workers: 2` forks the stage's process after the model is loaded and runs (method,
     budget) units in either process, in any order: the rows, the episode records and the engine's

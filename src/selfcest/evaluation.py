@@ -22,10 +22,12 @@ all three (the hops run in sequence); avg@k (AIME) averages everything over its 
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
 import multiprocessing
+import os
 import random
 import re
 import time
@@ -626,6 +628,41 @@ def _run_units(
         _CELL = None
 
 
+def _unit_path(journal: Path, unit: Unit) -> Path:
+    return journal / f"unit-{unit[0]:03d}-{unit[1]}.json.gz"
+
+
+def load_unit(journal: Path, unit: Unit, method: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """A finished unit's row and episode records from the journal, or None when it has none (or an
+    unreadable one, which is then run again: a kill can only interrupt a write before its rename)."""
+    path = _unit_path(journal, unit)
+    if not path.exists():
+        return None
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            entry = json.load(handle)
+    except (OSError, EOFError, ValueError) as error:
+        log.warning("journal entry %s is unreadable (%s): its unit runs again", path, error)
+        return None
+    if entry.get("method") != method or entry.get("budget") != unit[1]:
+        log.warning("journal entry %s is for %s@%s, not %s@%d: its unit runs again",
+                    path, entry.get("method"), entry.get("budget"), method, unit[1])  # fmt: skip
+        return None
+    return entry["row"], entry["records"]
+
+
+def save_unit(
+    journal: Path, unit: Unit, row: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
+) -> None:
+    """Journal a finished unit: written to a temporary file, then renamed, so a kill never leaves
+    half an entry under the real name."""
+    path = _unit_path(journal, unit)
+    partial = path.with_name(path.name + ".partial")
+    with gzip.open(partial, "wt", encoding="utf-8") as handle:
+        json.dump({"method": row["method"], "budget": unit[1], "row": row, "records": records}, handle)
+    os.replace(partial, path)
+
+
 def evaluate_cell(
     evaluator: Evaluator,
     methods: Sequence[MethodSpec],
@@ -637,6 +674,7 @@ def evaluate_cell(
     bootstrap_seed: int = 0,
     records_out: Any | None = None,
     workers: int = 1,
+    journal: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Every method at every budget on `problems`: one sweep row per (method, budget).
 
@@ -644,18 +682,43 @@ def evaluate_cell(
     file) receives one JSON line per (method, budget, problem) when given. `workers` > 1 runs the
     (method, budget) units in that many forked processes (CPU engines only): the same rows and
     records, in the same order, but for the measured seconds.
+
+    `journal` (a directory) makes a long cell resumable: each finished unit's row and records are
+    saved there, and a unit already saved is read back instead of run, so a cell killed part-way
+    (a preempted GPU job, hours into AIME avg@k) loses only the units it was running. The caller
+    owns the journal's validity: it must hold only units of this very cell (the eval stage keys it
+    by the cell's params, data, weights and code, as the training stages key their run folders).
+    A unit's rows do not depend on which units ran before it (see `_run_units`), so a resumed cell
+    gives the rows of an uninterrupted one; read-back units keep the seconds they were measured in.
     """
     units = [(index, int(budget)) for index in range(len(methods)) for budget in budgets]
-    done: dict[Unit, tuple[dict[str, Any], list[ProblemResult]]] = {}
-    for (index, budget), results, seconds in _run_units(evaluator, methods, problems, units, workers):
-        row = {**meta, "method": methods[index].name, "budget": budget}
+    done: dict[Unit, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    if journal is not None:
+        journal.mkdir(parents=True, exist_ok=True)
+        for unit in units:
+            entry = load_unit(journal, unit, methods[unit[0]].name)
+            if entry is not None:
+                done[unit] = entry
+        if done:
+            log.info(
+                "%s: %d of %d units read back from %s", meta.get("split"), len(done), len(units), journal
+            )
+    todo = [unit for unit in units if unit not in done]
+    for unit, results, seconds in _run_units(evaluator, methods, problems, todo, workers):
+        row = {**meta, "method": methods[unit[0]].name, "budget": unit[1]}
         row.update(summarize(results, seconds=seconds, resamples=resamples, seed=bootstrap_seed))
-        done[(index, budget)] = (row, results)
+        records = [
+            problem_record(problem, result, meta={**meta, "method": row["method"], "budget": unit[1]})
+            for problem, result in zip(problems, results, strict=True)
+        ]
+        done[unit] = (row, records)
+        if journal is not None:
+            save_unit(journal, unit, row, records)
         log.info(
             "%s %s budget=%d: acc=%.3f gen=%.1f crit=%.1f (%.1fs; %d/%d done)",
             meta.get("split"),
             row["method"],
-            budget,
+            unit[1],
             row["accuracy"],
             row["gen_tokens"],
             row["critical_tokens"],
@@ -665,12 +728,9 @@ def evaluate_cell(
         )
     rows = []
     for unit in units:  # the cell's order, whatever order the units finished in
-        row, results = done[unit]
+        row, records = done[unit]
         rows.append(row)
         if records_out is not None:
-            for problem, result in zip(problems, results, strict=True):
-                record = problem_record(
-                    problem, result, meta={**meta, "method": row["method"], "budget": row["budget"]}
-                )
+            for record in records:
                 records_out.write(json.dumps(record, ensure_ascii=False) + "\n")
     return rows
