@@ -264,6 +264,14 @@ def test_settings_per_dataset() -> None:
     assert qa.reference_budget == 64 and qa.auc_max_tokens == 64
     flat = settings_for({"budgets": [8, 16], "report": {"reference_budget": 8, "auc_max_tokens": 32}}, "math")
     assert flat.budgets == [8, 16] and flat.reference_budget == 8 and flat.auc_max_tokens == 32
+    # A reference budget no cell runs at (budgets edited, the reference left behind) is refused.
+    with pytest.raises(
+        ValueError,
+        match=r"reference_budget for math is 2048, which is not one of eval.budgets.math \[256, 512\]",
+    ):
+        settings_for(
+            {"budgets": {"math": [512, 256]}, "report": {"reference_budget": {"math": 2048}}}, "math"
+        )
 
 
 # --------------------------------------------------------------------------- the report stage on synthetic cells

@@ -89,11 +89,18 @@ class Settings:
 def settings_for(eval_params: Mapping[str, Any], dataset: str) -> Settings:
     """`eval.budgets`, `eval.report.reference_budget` and `eval.report.auc_max_tokens` for one
     dataset; each may be one value for all datasets or a mapping per dataset. Defaults: the middle
-    budget, and the largest budget as the end of the frontier range."""
+    budget, and the largest budget as the end of the frontier range. A reference budget that is not
+    one of the budgets is an error."""
     report = eval_params.get("report") or {}
     budgets = sorted(int(b) for b in per_dataset(eval_params.get("budgets"), dataset, []) or [])
     reference = per_dataset(report.get("reference_budget"), dataset)
     reference = int(reference) if reference is not None else (budgets[len(budgets) // 2] if budgets else 0)
+    if budgets and reference not in budgets:
+        # No cell runs at it: metrics.json would silently lose every accuracy and claim (c) its budget.
+        raise ValueError(
+            f"eval.report.reference_budget for {dataset} is {reference}, which is not one of "
+            f"eval.budgets.{dataset} {budgets}"
+        )
     auc_max = per_dataset(report.get("auc_max_tokens"), dataset)
     auc_max = float(auc_max) if auc_max is not None else float(max(budgets, default=1))
     return Settings(budgets, reference, auc_max)
@@ -740,7 +747,7 @@ def plot_benchmark(
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy")
     axes[-1].legend(fontsize=8, loc="best")
-    fig.suptitle(f"{name}: accuracy vs cost (points: budgets; bars: bootstrap 95% CI)")
+    fig.suptitle(f"{name}: accuracy vs cost (points: budgets; bars: Wilson 95% interval)")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
