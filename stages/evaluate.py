@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
         "import_seconds": round(imported - _STARTED, 2),
         "load_seconds": round(loaded - imported, 2),
         "hash_seconds": round(hashed - hashing, 2),
-        "run_seconds": round(finished - hashed, 2),
+        "run_seconds": round(finished - loaded - (hashed - hashing), 2),
         "threads": torch.get_num_threads(),
         "workers": workers,
         "device": device,
