@@ -57,6 +57,21 @@ def for_dataset(value: Any, dataset: str) -> Any:
     return value.get(dataset) if isinstance(value, dict) else value
 
 
+def max_problems_for(value: Any, dataset: str, split: str) -> int | None:
+    """`eval.sweep.max_problems` for one split: a number (null: every problem) for all splits, a
+    mapping per dataset, or, under a dataset, a mapping per split whose `default` covers the splits
+    it does not name (for example `{qa: {default: 48, musique_dev: 10}}` caps only the long one)."""
+    value = for_dataset(value, dataset)
+    if isinstance(value, dict):
+        value = value.get(split, value.get("default"))
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(
+            f"eval.sweep.max_problems for {dataset}/{split} must be a positive whole number or null, "
+            f"got {value!r}"
+        )
+    return value
+
+
 def gzip_writer(path: Path) -> io.TextIOWrapper:
     """A text writer to a gzip file with a fixed header (no name, mtime 0): same records, same bytes."""
     raw = open(path, "wb")  # noqa: SIM115 - closed through the wrapper
@@ -161,7 +176,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
         split_file,
         max_problems=args.max_problems
         if args.max_problems is not None
-        else for_dataset(sweep.get("max_problems"), args.dataset),
+        else max_problems_for(sweep.get("max_problems"), args.dataset, args.split),
         seed=seed,
     )
     # The journal resumes only this very cell: what its rows depend on, hashed, as the training

@@ -485,6 +485,23 @@ def _without_timings(value: Any) -> Any:
     return value
 
 
+def test_max_problems_per_dataset_and_per_split() -> None:
+    from stages.evaluate import max_problems_for
+
+    assert max_problems_for(48, "qa", "test") == 48 and max_problems_for(None, "qa", "test") is None
+    per_split = {"arithmetic": 48, "qa": {"default": 40, "musique_dev": 10}}
+    assert max_problems_for(per_split, "arithmetic", "ood") == 48
+    assert (
+        max_problems_for(per_split, "qa", "test") == 40
+        and max_problems_for(per_split, "qa", "musique_dev") == 10
+    )
+    assert max_problems_for(per_split, "math", "aime24") is None  # a dataset left out: every problem
+    assert max_problems_for({"qa": {"musique_dev": 10}}, "qa", "test") is None  # no default: every problem
+    for bad in (0, -3, 2.5, "48", True):
+        with pytest.raises(ValueError, match=r"max_problems for qa/test must be a positive whole number"):
+            max_problems_for({"qa": bad}, "qa", "test")
+
+
 def _cell_payload(directory: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     with gzip.open(directory / "episodes.jsonl.gz", "rt") as handle:
         records = [json.loads(line) for line in handle]
