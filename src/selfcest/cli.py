@@ -114,6 +114,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     repo = Path(args.repo)
     labels = [args.old, args.new or "workspace"]
+    if labels[0] == labels[1]:  # refused before git is asked for anything
+        print(f"error: both sides are {labels[0]!r}", file=sys.stderr)
+        return 2
     try:
         runs = {
             label: read_sweep_csv(read_revision(repo, revision, args.sweep), f"{label}:{args.sweep}")
@@ -121,9 +124,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
         }
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    if labels[0] == labels[1]:
-        print(f"error: both sides are {labels[0]!r}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,11 @@ Row = dict[str, Any]
 Key = tuple[str, str, int]
 
 
+def cell_key(row: Row) -> Key:
+    """What names a cell of the sweep: (benchmark, method, budget)."""
+    return row["benchmark"], row["method"], row["budget"]
+
+
 def read_sweep_csv(text: str, source: str) -> list[Row]:
     """The rows of a `reports/sweep.csv`, typed (`budget` and `n` int, measures float, blank NaN).
 
@@ -56,7 +61,7 @@ def read_sweep_csv(text: str, source: str) -> list[Row]:
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         raise ValueError(f"{source}: missing column(s) {missing}; the header is {header}")
-    numeric = [c for c in header if c in COMPARED_COLUMNS or c in COSTS or c in INT_COLUMNS]
+    numeric = [c for c in header if c in COMPARED_COLUMNS or c in INT_COLUMNS]  # the costs are compared
     rows: list[Row] = []
     seen: dict[Key, int] = {}
     for line, raw in enumerate(reader, start=2):
@@ -73,7 +78,7 @@ def read_sweep_csv(text: str, source: str) -> list[Row]:
                     f"{source}, line {line}, column {column!r}: {value!r} is not a number"
                 ) from None
         row["benchmark"] = benchmark(row["dataset"], row["split"])
-        key = (row["benchmark"], row["method"], row["budget"])
+        key = cell_key(row)
         if key in seen:
             raise ValueError(f"{source}, line {line}: cell {key} repeats line {seen[key]}")
         seen[key] = line
@@ -90,8 +95,8 @@ def _same(a: Any, b: Any) -> bool:
 def sweep_changes(old: Sequence[Row], new: Sequence[Row]) -> list[dict[str, Any]]:
     """Every cell that differs between two sweeps, in the new sweep's order (then the old's):
     `status` is `changed` (some compared column differs), `added` (only in new) or `removed`."""
-    before = {(r["benchmark"], r["method"], r["budget"]): r for r in old}
-    after = {(r["benchmark"], r["method"], r["budget"]): r for r in new}
+    before = {cell_key(r): r for r in old}
+    after = {cell_key(r): r for r in new}
     changes: list[dict[str, Any]] = []
     for key in [*after, *(k for k in before if k not in after)]:
         a, b = before.get(key), after.get(key)
