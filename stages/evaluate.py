@@ -135,6 +135,14 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     setup_logging()
     params = load_params(args.params)
     eval_params = params["eval"]
+    # The report stage refuses a reference budget that is not one of the dataset's budgets; check it
+    # here too, so that a misconfigured sweep stops before its cells spend minutes (hours with the
+    # paper's models) rather than after. A check only: `eval.report` and reports.py are not this
+    # stage's dependencies, since nothing a cell writes depends on them.
+    from selfcest.reports import settings_for
+
+    settings_for(eval_params, args.dataset)
+
     sweep = eval_params["sweep"]
     out = args.out or Path("artifacts/eval") / args.dataset / args.split / args.model
     out.mkdir(parents=True, exist_ok=True)
@@ -202,7 +210,8 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
             "code": code_sha256(__file__),
         }
     )
-    run_dir = args.run_dir or Path("artifacts/runs/eval") / args.dataset / args.split / args.model
+    journal_root = Path("artifacts/runs/eval")
+    run_dir = args.run_dir or journal_root / args.dataset / args.split / args.model
     prepare_run_dir(run_dir, cell_fingerprint)
     hashed = time.perf_counter()
     evaluator = Evaluator(
@@ -261,6 +270,11 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
         },
     )
     shutil.rmtree(run_dir)  # the rows are written: nothing left to resume
+    if args.run_dir is None:  # and the default journal's <dataset>/<split> folders, once empty
+        for folder in run_dir.parents:
+            if folder == journal_root or any(folder.iterdir()):
+                break
+            folder.rmdir()
     log.info("cell %s: %d rows, %s", json.dumps(meta), len(rows), timing)
 
 

@@ -413,6 +413,15 @@ def test_eval_and_report_stages_on_the_tiny_model(tiny_checkpoint: Path, tmp_pat
     )
     missing = json.loads((tmp_path / "artifacts/eval/arithmetic/test/absent_model/rows.json").read_text())
     assert missing["status"] == "missing" and missing["rows"] == []
+    # A reference budget the report would refuse stops a cell before it loads its checkpoint.
+    wrong = yaml.safe_load(params.read_text())
+    wrong["eval"]["report"]["reference_budget"] = {"qa": 32}
+    wrong_path = tmp_path / "wrong_params.yaml"
+    wrong_path.write_text(yaml.safe_dump(wrong), encoding="utf-8")
+    cell = ["--dataset", "qa", "--split", "dev", "--model", tiny_checkpoint.name]
+    with pytest.raises(ValueError, match=r"reference_budget for qa is 32, which is not one of eval.budgets.qa"):
+        evaluate.main(["--params", str(wrong_path), *cell, "--out", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
 
     report.main(["--params", str(params)])
     out = tmp_path / "reports"
@@ -535,7 +544,8 @@ def test_a_killed_cell_resumes_from_its_journal(tiny_checkpoint: Path, tmp_path:
     cell = tmp_path / "artifacts" / "eval" / "arithmetic" / "test" / tiny_checkpoint.name
     evaluate.main([*argv, "--out", str(tmp_path / "fresh")])
     fresh, fresh_records = _cell_payload(tmp_path / "fresh")
-    assert not journal.exists()  # removed once the rows are written
+    assert not journal.exists()  # removed once the rows are written,
+    assert list((tmp_path / "artifacts" / "runs" / "eval").iterdir()) == []  # its empty folders too
 
     run = Evaluator.run
 
