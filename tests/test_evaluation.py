@@ -419,7 +419,9 @@ def test_eval_and_report_stages_on_the_tiny_model(tiny_checkpoint: Path, tmp_pat
     wrong_path = tmp_path / "wrong_params.yaml"
     wrong_path.write_text(yaml.safe_dump(wrong), encoding="utf-8")
     cell = ["--dataset", "qa", "--split", "dev", "--model", tiny_checkpoint.name]
-    with pytest.raises(ValueError, match=r"reference_budget for qa is 32, which is not one of eval.budgets.qa"):
+    with pytest.raises(
+        ValueError, match=r"reference_budget for qa is 32, which is not one of eval.budgets.qa"
+    ):
         evaluate.main(["--params", str(wrong_path), *cell, "--out", str(tmp_path / "refused")])
     assert not (tmp_path / "refused").exists()
 
