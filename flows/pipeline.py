@@ -8,6 +8,7 @@ flow run does no work. The flow only orchestrates; it imports nothing from the l
     python flows/pipeline.py                      # run once (ephemeral Prefect API)
     python flows/pipeline.py --stages build_model # run a subset (and what it needs, in order)
     python flows/pipeline.py --serve --cron "0 3 * * *"   # a scheduled deployment; needs `prefect server start`
+    python flows/pipeline.py --serve --interval 3600      # or every hour
 """
 
 from __future__ import annotations
@@ -72,12 +73,14 @@ def main() -> None:
     parser.add_argument(
         "--serve", action="store_true", help="serve a scheduled deployment (needs a Prefect server)"
     )
-    parser.add_argument("--cron", default="0 3 * * *", help="schedule for --serve")
+    schedule = parser.add_mutually_exclusive_group()
+    schedule.add_argument("--cron", help="schedule for --serve (default: 0 3 * * *, nightly at 03:00)")
+    schedule.add_argument("--interval", type=float, help="schedule for --serve: every this many seconds")
+    parser.add_argument("--name", default="selfcest-nightly", help="the deployment's name for --serve")
     args = parser.parse_args()
     if args.serve:
-        pipeline.serve(
-            name="selfcest-nightly", cron=args.cron, parameters={"repo_dir": args.repo, "stages": args.stages}
-        )
+        when = {"interval": args.interval} if args.interval else {"cron": args.cron or "0 3 * * *"}
+        pipeline.serve(name=args.name, parameters={"repo_dir": args.repo, "stages": args.stages}, **when)
     else:
         pipeline(repo_dir=args.repo, stages=args.stages)
 

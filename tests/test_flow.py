@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from flows.pipeline import pipeline, stage_order
+from flows.pipeline import REPO_ROOT, pipeline, stage_order
 
 DVC_YAML = """\
 stages:
@@ -53,3 +57,123 @@ def test_flow_runs_stages_and_dvc_skips_unchanged(dvc_repo: Path) -> None:
     (dvc_repo / "params.yaml").write_text("n: 2\n")
     pipeline(repo_dir=str(dvc_repo))
     assert (dvc_repo / "b.txt").read_text() == "2b"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_for(condition, what: str, timeout: float, *processes: subprocess.Popen) -> Any:
+    """Poll `condition` until it returns something truthy; fail early if a process died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process in processes:
+            assert process.poll() is None, (
+                f"{process.args[:4]} exited with {process.returncode} while waiting for {what}"
+            )
+        value = condition()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.mark.slow
+def test_a_served_deployment_runs_on_its_schedule_on_a_real_prefect_server(
+    dvc_repo: Path, tmp_path: Path
+) -> None:
+    """`flows/pipeline.py --serve` against `prefect server start` on loopback: the deployment is
+    registered with its schedule, the server's scheduler creates a run, the served process picks it
+    up and the run executes the DVC stages (schedules never fire on the ephemeral API)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    base_env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),  # its own database
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_UI_ENABLED": "false",
+    }
+    base_env.pop("PREFECT_API_URL", None)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    server_log = open(logs / "server.log", "w")  # noqa: SIM115 (closed in finally)
+    serve_log = open(logs / "serve.log", "w")  # noqa: SIM115
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=base_env,
+        stdout=server_log,
+        stderr=subprocess.STDOUT,
+    )
+    served = None
+    try:
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"{api}/health", timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        _wait_for(healthy, "the Prefect server", 120, server)
+        # Interval schedules are anchored on round times, so a 20-second interval is due within
+        # 20 s; the test watches the first scheduled run only (later ones may start before the end).
+        served = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO_ROOT / "flows" / "pipeline.py"),
+                "--serve",
+                "--interval",
+                "20",
+                "--name",
+                "interval-test",
+                "--repo",
+                str(dvc_repo),
+            ],
+            cwd=REPO_ROOT,
+            env={**base_env, "PREFECT_API_URL": api, "PREFECT_RUNNER_POLL_FREQUENCY": "2"},
+            stdout=serve_log,
+            stderr=subprocess.STDOUT,
+        )
+        with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+
+            def deployment() -> Any:
+                try:
+                    return client.read_deployment_by_name("selfcest-pipeline/interval-test")
+                except Exception:  # not registered yet
+                    return None
+
+            registered = _wait_for(deployment, "the deployment", 120, server, served)
+            assert registered.parameters == {"repo_dir": str(dvc_repo), "stages": None}
+            assert [s.schedule.interval.total_seconds() for s in registered.schedules] == [20]
+            only_ours = DeploymentFilter(id=DeploymentFilterId(any_=[registered.id]))
+
+            def first_run_ended() -> Any:
+                runs = client.read_flow_runs(deployment_filter=only_ours)
+                first = min(runs, key=lambda r: r.expected_start_time, default=None)
+                return first if first is not None and first.state and first.state.is_final() else None
+
+            run = _wait_for(first_run_ended, "the first scheduled run to end", 240, server, served)
+            assert run.state.is_completed(), f"flow run {run.name} ended {run.state.name}"
+            assert run.auto_scheduled  # created by the server's scheduler, not by this test
+        assert (dvc_repo / "b.txt").read_text() == "1b"  # the run executed both DVC stages
+    except AssertionError:
+        for log in (server_log, serve_log):
+            log.flush()
+        print((logs / "serve.log").read_text()[-4000:], (logs / "server.log").read_text()[-2000:])
+        raise
+    finally:
+        for process in (served, server):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+        server_log.close()
+        serve_log.close()
