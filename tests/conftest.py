@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,37 @@ def tiny_model(tiny_checkpoint: Path):
     from selfcest.model import load_model
 
     return load_model(tiny_checkpoint)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (for the servers the tests start)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A real S3-compatible server (moto's) on loopback; credentials `testing` / `testing`, also in
+    the environment."""
+    pytest.importorskip("moto")
+    from moto.server import ThreadedMotoServer
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(var, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
 
 
 # Property tests explore the same examples on every run, so CI results are reproducible.

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +14,6 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "selfcest-dvc"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _run(cwd: Path, *args: str) -> str:
@@ -55,63 +48,52 @@ def _credentials(clone: Path) -> None:
 
 @pytest.mark.slow
 def test_stage_outputs_push_to_an_s3_remote_and_pull_into_a_fresh_clone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("moto")
     import s3fs
-    from moto.server import ThreadedMotoServer
 
     if not (REPO_ROOT / ".git").exists():
         pytest.skip("needs the project's git repository to clone")
     monkeypatch.setenv("DVC_SITE_CACHE_DIR", str(tmp_path / "site-cache"))
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        s3 = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=endpoint)
-        s3.mkdir(BUCKET)
+    s3 = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=s3_endpoint)
+    s3.mkdir(BUCKET)
+    origin = tmp_path / "origin"
+    _git(tmp_path, "clone", "-q", str(REPO_ROOT), str(origin))
+    committed_lock = (origin / "dvc.lock").read_text()
+    # The stage regenerates its data from the seed in params: the same bytes as dvc.lock records.
+    _dvc(origin, "repro", "--single-item", "generate_arithmetic")
+    assert (origin / "dvc.lock").read_text() == committed_lock
+    first = _tree_digest(origin / "data" / "arithmetic")
 
-        origin = tmp_path / "origin"
-        _git(tmp_path, "clone", "-q", str(REPO_ROOT), str(origin))
-        committed_lock = (origin / "dvc.lock").read_text()
-        # The stage regenerates its data from the seed in params: the same bytes as dvc.lock records.
-        _dvc(origin, "repro", "--single-item", "generate_arithmetic")
-        assert (origin / "dvc.lock").read_text() == committed_lock
-        first = _tree_digest(origin / "data" / "arithmetic")
+    _dvc(origin, "remote", "add", "--default", "storage", f"s3://{BUCKET}/cache")
+    _dvc(origin, "remote", "modify", "storage", "endpointurl", s3_endpoint)
+    _credentials(origin)
+    _git(origin, "add", ".dvc/config")
+    _git(origin, "commit", "-q", "-m", "an S3 remote")
+    _dvc(origin, "push", "generate_arithmetic")
+    assert s3.find(f"{BUCKET}/cache/files/md5"), "nothing was pushed"
 
-        _dvc(origin, "remote", "add", "--default", "storage", f"s3://{BUCKET}/cache")
-        _dvc(origin, "remote", "modify", "storage", "endpointurl", endpoint)
-        _credentials(origin)
-        _git(origin, "add", ".dvc/config")
-        _git(origin, "commit", "-q", "-m", "an S3 remote")
-        _dvc(origin, "push", "generate_arithmetic")
-        assert s3.find(f"{BUCKET}/cache/files/md5"), "nothing was pushed"
+    # A second version of the stage's outputs, committed and pushed.
+    params = (origin / "params.yaml").read_text()
+    assert "\nseed: 42\n" in params
+    (origin / "params.yaml").write_text(params.replace("\nseed: 42\n", "\nseed: 7\n", 1))
+    _dvc(origin, "repro", "--single-item", "generate_arithmetic")
+    second = _tree_digest(origin / "data" / "arithmetic")
+    assert second != first
+    _git(origin, "add", "params.yaml", "dvc.lock", "reports/arithmetic_card.json")
+    _git(origin, "commit", "-q", "-m", "seed 7")
+    _dvc(origin, "push", "generate_arithmetic")
 
-        # A second version of the stage's outputs, committed and pushed.
-        params = (origin / "params.yaml").read_text()
-        assert "\nseed: 42\n" in params
-        (origin / "params.yaml").write_text(params.replace("\nseed: 42\n", "\nseed: 7\n", 1))
-        _dvc(origin, "repro", "--single-item", "generate_arithmetic")
-        second = _tree_digest(origin / "data" / "arithmetic")
-        assert second != first
-        _git(origin, "add", "params.yaml", "dvc.lock", "reports/arithmetic_card.json")
-        _git(origin, "commit", "-q", "-m", "seed 7")
-        _dvc(origin, "push", "generate_arithmetic")
-
-        # A fresh clone gets each version from the remote, with nothing recomputed.
-        fresh = tmp_path / "fresh"
-        _git(tmp_path, "clone", "-q", str(origin), str(fresh))
-        _credentials(fresh)
-        _dvc(fresh, "pull", "generate_arithmetic")
-        assert _tree_digest(fresh / "data" / "arithmetic") == second
-        assert "didn't change" in _dvc(fresh, "repro", "--single-item", "generate_arithmetic")
-        _git(fresh, "checkout", "-q", "HEAD~1")
-        _dvc(fresh, "pull", "generate_arithmetic")
-        assert _tree_digest(fresh / "data" / "arithmetic") == first
-        assert "up to date" in _dvc(fresh, "status", "generate_arithmetic")
-    finally:
-        server.stop()
+    # A fresh clone gets each version from the remote, with nothing recomputed.
+    fresh = tmp_path / "fresh"
+    _git(tmp_path, "clone", "-q", str(origin), str(fresh))
+    _credentials(fresh)
+    _dvc(fresh, "pull", "generate_arithmetic")
+    assert _tree_digest(fresh / "data" / "arithmetic") == second
+    assert "didn't change" in _dvc(fresh, "repro", "--single-item", "generate_arithmetic")
+    _git(fresh, "checkout", "-q", "HEAD~1")
+    _dvc(fresh, "pull", "generate_arithmetic")
+    assert _tree_digest(fresh / "data" / "arithmetic") == first
+    assert "up to date" in _dvc(fresh, "status", "generate_arithmetic")

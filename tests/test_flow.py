@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -59,12 +58,6 @@ def test_flow_runs_stages_and_dvc_skips_unchanged(dvc_repo: Path) -> None:
     assert (dvc_repo / "b.txt").read_text() == "2b"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _wait_for(condition, what: str, timeout: float, *processes: subprocess.Popen) -> Any:
     """Poll `condition` until it returns something truthy; fail early if a process died."""
     deadline = time.monotonic() + timeout
@@ -82,7 +75,7 @@ def _wait_for(condition, what: str, timeout: float, *processes: subprocess.Popen
 
 @pytest.mark.slow
 def test_a_served_deployment_runs_on_its_schedule_on_a_real_prefect_server(
-    dvc_repo: Path, tmp_path: Path
+    dvc_repo: Path, tmp_path: Path, port: int
 ) -> None:
     """`flows/pipeline.py --serve` against `prefect server start` on loopback: the deployment is
     registered with its schedule, the server's scheduler creates a run, the served process picks it
@@ -91,7 +84,6 @@ def test_a_served_deployment_runs_on_its_schedule_on_a_real_prefect_server(
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     base_env = {
         **os.environ,

@@ -6,7 +6,6 @@ import copy
 import json
 import random
 import re
-import socket
 from pathlib import Path
 
 import pytest
@@ -189,42 +188,24 @@ def test_missing_file_and_wrong_top_level(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------- s3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_load_from_s3_through_moto_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("moto")
+def test_load_from_s3_through_moto_server(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import s3fs
-    from moto.server import ThreadedMotoServer
 
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(var, "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=endpoint)
-        fs.mkdir("qa-bucket")
-        fs.pipe("qa-bucket/2wiki/dev.json", WIKI.read_bytes())
-        fs.pipe("qa-bucket/musique/dev.json", MUSIQUE_SUB.read_bytes())
-        opts = {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
-        wiki = load_2wiki("s3://qa-bucket/2wiki/dev.json", storage_options=opts)
-        assert len(wiki.records) == 10 and not wiki.quarantined
-        # The endpoint may also come from the environment.
-        monkeypatch.setenv("SELFCEST_S3_ENDPOINT_URL", endpoint)
-        mus = load_musique(
-            "s3://qa-bucket/musique/dev.json", storage_options={"key": "testing", "secret": "testing"}
-        )
-        assert len(mus.records) == 3
-        with pytest.raises(QADataError, match="s3://qa-bucket/missing.json: file not found"):
-            load_2wiki("s3://qa-bucket/missing.json", storage_options=opts)
-    finally:
-        server.stop()
+    fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=s3_endpoint)
+    fs.mkdir("qa-bucket")
+    fs.pipe("qa-bucket/2wiki/dev.json", WIKI.read_bytes())
+    fs.pipe("qa-bucket/musique/dev.json", MUSIQUE_SUB.read_bytes())
+    opts = {"key": "testing", "secret": "testing", "endpoint_url": s3_endpoint}
+    wiki = load_2wiki("s3://qa-bucket/2wiki/dev.json", storage_options=opts)
+    assert len(wiki.records) == 10 and not wiki.quarantined
+    # The endpoint may also come from the environment.
+    monkeypatch.setenv("SELFCEST_S3_ENDPOINT_URL", s3_endpoint)
+    mus = load_musique(
+        "s3://qa-bucket/musique/dev.json", storage_options={"key": "testing", "secret": "testing"}
+    )
+    assert len(mus.records) == 3
+    with pytest.raises(QADataError, match="s3://qa-bucket/missing.json: file not found"):
+        load_2wiki("s3://qa-bucket/missing.json", storage_options=opts)
 
 
 # ---------------------------------------------------------------------------------------- synthetic
