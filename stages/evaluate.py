@@ -43,12 +43,11 @@ from stages.common import PARAMS_FILE, file_sha256, load_params, setup_logging, 
 log = logging.getLogger("evaluate")
 
 
-def split_path(params: dict[str, Any], dataset: str, split: str) -> Path:
-    """Where a split's records are: the data stages' JSONL files, or the math benchmark files."""
-    if dataset in ("arithmetic", "qa"):
+def split_path(dataset: str, split: str) -> Path:
+    """Where a split's records are: the data stages' JSONL files (prepare_math's for the math
+    benchmarks)."""
+    if dataset in ("arithmetic", "qa", "math"):
         return Path("data") / dataset / f"{split}.jsonl"
-    if dataset == "math":
-        return Path(params["eval"]["math_sources"][split]["path"])
     raise ValueError(f"unknown dataset {dataset!r}")
 
 
@@ -137,9 +136,9 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     eval_params = params["eval"]
     # The report stage refuses a reference budget that is not one of the dataset's budgets; check it
     # here too, so that a misconfigured sweep stops before its cells spend minutes (hours with the
-    # paper's models) rather than after. A check only: `eval.report` and reports.py are not this
-    # stage's dependencies, since nothing a cell writes depends on them.
-    from selfcest.reports import settings_for
+    # paper's models) rather than after. A check only: `eval.report` is not among this stage's
+    # params, since nothing a cell writes depends on it (the rule, sweep_config.py, is a dep).
+    from selfcest.sweep_config import settings_for
 
     settings_for(eval_params, args.dataset)
 
@@ -178,7 +177,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
 
     seed = int(sweep.get("seed", params.get("seed", 0)))
     source = eval_params.get("math_sources", {}).get(args.split, {}) if args.dataset == "math" else {}
-    split_file = split_path(params, args.dataset, args.split)
+    split_file = split_path(args.dataset, args.split)
     problems = load_problems(
         args.dataset,
         split_file,

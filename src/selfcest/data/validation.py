@@ -22,7 +22,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -234,15 +234,18 @@ def _gx_context() -> Any:
 _DEFINITIONS: dict[str, tuple[Any, dict[str, str]]] = {}
 
 
-def _definition(limits: Mapping[str, Any]) -> tuple[Any, dict[str, str]]:
-    """Validation definition for these limits, built once per process: adding expectations to a
-    GX suite costs ~20 ms each (serialisation), and the dataframe is a run-time parameter anyway."""
+def _definition(
+    suite_name: str, build: Callable[[], list[tuple[str, Any]]], cache_key: str
+) -> tuple[Any, dict[str, str]]:
+    """Validation definition for one suite, built once per process and `cache_key` (the suite's
+    limits): adding expectations to a GX suite costs ~20 ms each (serialisation), and the
+    dataframe is a run-time parameter anyway."""
     import great_expectations as gx
 
-    cache_key = json.dumps(limits, sort_keys=True, default=str)
-    if cache_key not in _DEFINITIONS:
+    key = f"{suite_name}:{cache_key}"
+    if key not in _DEFINITIONS:
         context = _gx_context()
-        run = f"qa_{next(_RUNS)}"  # the context is shared, so every suite needs fresh names
+        run = f"{suite_name}_{next(_RUNS)}"  # the context is shared, so every suite needs fresh names
         batch = (
             context.data_sources.add_pandas(run)
             .add_dataframe_asset("records")
@@ -250,18 +253,21 @@ def _definition(limits: Mapping[str, Any]) -> tuple[Any, dict[str, str]]:
         )
         suite = context.suites.add(gx.ExpectationSuite(name=run))
         by_id: dict[str, str] = {}
-        for name, exp in build_suite(limits):
+        for name, exp in build():
             by_id[suite.add_expectation(exp).id] = name
         definition = context.validation_definitions.add(
             gx.ValidationDefinition(name=run, data=batch, suite=suite)
         )
-        _DEFINITIONS[cache_key] = (definition, by_id)
-    return _DEFINITIONS[cache_key]
+        _DEFINITIONS[key] = (definition, by_id)
+    return _DEFINITIONS[key]
 
 
-def run_suite(df: pd.DataFrame, limits: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Run the suite; return name -> {success, unexpected_count, rows (list of _row), error}."""
-    definition, by_id = _definition({**DEFAULT_LIMITS, **(limits or {})})
+def run_expectations(
+    df: pd.DataFrame, suite_name: str, build: Callable[[], list[tuple[str, Any]]], cache_key: str = ""
+) -> dict[str, dict[str, Any]]:
+    """Run the suite that `build` makes ((name, expectation) pairs) over `df`, whose `_row` column
+    numbers its rows; return name -> {success, unexpected_count, rows (list of _row), error}."""
+    definition, by_id = _definition(suite_name, build, cache_key)
     result = definition.run(
         batch_parameters={"dataframe": df},
         result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["_row"]},
@@ -282,6 +288,12 @@ def run_suite(df: pd.DataFrame, limits: Mapping[str, Any] | None = None) -> dict
             # A crashed expectation is a bug in the suite, not in the data: fail loudly.
             raise RuntimeError(f"expectation {name} crashed: {info.get('exception_message')}")
     return out
+
+
+def run_suite(df: pd.DataFrame, limits: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Run the QA suite; return name -> {success, unexpected_count, rows (list of _row), error}."""
+    lim = {**DEFAULT_LIMITS, **(limits or {})}
+    return run_expectations(df, "qa", lambda: build_suite(lim), json.dumps(lim, sort_keys=True, default=str))
 
 
 # ---------------------------------------------------------------------------------------- driver

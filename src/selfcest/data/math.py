@@ -1,0 +1,230 @@
+"""Math benchmarks (MATH-Hard, AIME) in one schema, read from a local file or an `s3://` URL.
+
+A record is `{"id", "problem", "answer", "source"}`, all strings. Inputs are JSON lines or a JSON
+list in either of the two layouts the benchmarks ship in:
+- MATH: `{problem, solution, level, type, idx}`; the gold answer is the last `\\boxed{}` of the
+  solution unless the record has an `answer` field;
+- AIME: `{problem, answer[, id]}`; a record without an id is named by its position
+  (`<source>-<index>`), as AIME 2025's are.
+
+Two layers, as for QA (`selfcest.data.validation`):
+1. `adapt_math_record`: fields present and of the right type, else the record is quarantined with
+   the field and the reason;
+2. a Great Expectations suite over the split: ids unique and non-empty, problem and answer
+   lengths within bounds, and every gold equivalent to itself under the project's math scorer
+   (`scoring.math_equivalent`), since a gold that the scorer cannot parse can never be scored right.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from selfcest.data.qa import QADataError, Quarantined, read_json_records
+from selfcest.scoring import last_boxed, math_equivalent
+
+#: Bounds used when params give none.
+DEFAULT_MATH_LIMITS: dict[str, Any] = {
+    # A benchmark is small and curated: one bad record means a broken file, so the stage stops
+    # (after writing the quarantine file). Raise it to evaluate the rest anyway.
+    "max_invalid_fraction": 0.0,
+    "max_problem_chars": 20000,
+    "max_answer_chars": 256,
+}
+
+
+class MathRecordError(Exception):
+    """One record's problem, raised inside the adapter and turned into a Quarantined item."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"field {field_name!r}: {message}")
+        self.field = field_name
+
+
+class MathValidationError(RuntimeError):
+    """Too many invalid records: names the file, the first offending record and its reason."""
+
+
+@dataclass
+class MathSplit:
+    """One benchmark split after validation."""
+
+    records: list[dict[str, str]] = field(default_factory=list)
+    quarantined: list[Quarantined] = field(default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Raise MathValidationError when more than `max_invalid_fraction` of the file is invalid."""
+        report = self.report
+        if report and report["invalid_fraction"] > report["max_invalid_fraction"]:
+            first = self.quarantined[0]
+            raise MathValidationError(
+                f"{report['file']}: {report['quarantined']}/{report['total']} records invalid "
+                f"({report['invalid_fraction']:.1%} > max_invalid_fraction "
+                f"{report['max_invalid_fraction']:.1%}); first offending record #{first.index} id "
+                f"{first.record_id!r}: {'; '.join(first.reasons)}"
+            )
+
+
+def _text(record: Mapping[str, Any], name: str) -> str | None:
+    value = record.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise MathRecordError(name, f"expected a string, got {type(value).__name__}")
+    return str(value).strip()
+
+
+def adapt_math_record(raw: Any, *, source: str, index: int) -> dict[str, str]:
+    """A MATH or AIME line in the project's schema; raises MathRecordError naming the field."""
+    if not isinstance(raw, dict):
+        raise MathRecordError("<record>", f"expected an object, got {type(raw).__name__}")
+    problem = raw.get("problem")
+    if problem is None:
+        raise MathRecordError("problem", "missing")
+    if not isinstance(problem, str):
+        raise MathRecordError("problem", f"expected a string, got {type(problem).__name__}")
+    if not problem.strip():
+        raise MathRecordError("problem", "empty")
+    answer = _text(raw, "answer")
+    if not answer:
+        solution = raw.get("solution")
+        if solution is not None and not isinstance(solution, str):
+            raise MathRecordError("solution", f"expected a string, got {type(solution).__name__}")
+        answer = (last_boxed(solution) or "").strip() if solution else ""
+        if not answer:
+            where = (
+                "no `answer` and no \\boxed{} in `solution`" if solution else "missing (and no `solution`)"
+            )
+            raise MathRecordError("answer", where)
+    record_id = _text(raw, "id") or _text(raw, "unique_id") or _text(raw, "idx")
+    return {
+        "id": record_id if record_id else f"{source}-{index}",
+        "problem": problem,
+        "answer": answer,
+        "source": source,
+    }
+
+
+def build_math_suite(limits: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """(name, expectation) pairs over `math_frame`'s columns."""
+    import great_expectations.expectations as gxe
+
+    return [
+        ("id_unique", gxe.ExpectColumnValuesToBeUnique(column="id")),
+        ("id_non_empty", gxe.ExpectColumnValuesToBeBetween(column="id_chars", min_value=1)),
+        (
+            "problem_chars",
+            gxe.ExpectColumnValuesToBeBetween(
+                column="problem_chars", min_value=1, max_value=limits["max_problem_chars"]
+            ),
+        ),
+        (
+            "answer_chars",
+            gxe.ExpectColumnValuesToBeBetween(
+                column="answer_chars", min_value=1, max_value=limits["max_answer_chars"]
+            ),
+        ),
+        ("answer_scorable", gxe.ExpectColumnValuesToBeInSet(column="answer_scorable", value_set=[True])),
+    ]
+
+
+def math_frame(records: Sequence[Mapping[str, str]]) -> Any:
+    """One row per record with the columns the suite checks; `_row` maps failures back."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        {
+            "_row": list(range(len(records))),
+            "id": [r["id"] for r in records],
+            "id_chars": [len(r["id"]) for r in records],
+            "problem_chars": [len(r["problem"]) for r in records],
+            "answer_chars": [len(r["answer"]) for r in records],
+            # The gold, boxed as a model would write it, must score right against itself.
+            "answer_scorable": [math_equivalent(f"\\boxed{{{r['answer']}}}", r["answer"]) for r in records],
+        }
+    )
+
+
+def load_math_split(
+    path: str,
+    *,
+    source: str,
+    limits: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    enforce: bool = True,
+) -> MathSplit:
+    """Read, adapt and validate one benchmark file. File-level problems (unreadable, not UTF-8,
+    not JSON) raise QADataError naming the file (and line); bad records are quarantined; more than
+    `max_invalid_fraction` of them raises MathValidationError (`enforce=False`: the caller writes
+    the quarantine first, then calls `MathSplit.check`)."""
+    from selfcest.data.validation import run_expectations
+
+    lim = {**DEFAULT_MATH_LIMITS, **(limits or {})}
+    data = read_json_records(path, storage_options)  # a list: JSON lines, or a top-level JSON list
+    if not data:
+        raise QADataError(path, "no records")
+    out = MathSplit()
+    adapted: list[tuple[int, dict[str, str]]] = []
+    for index, raw in enumerate(data):
+        try:
+            adapted.append((index, adapt_math_record(raw, source=source, index=index)))
+        except MathRecordError as exc:
+            rid = raw.get("id", raw.get("idx")) if isinstance(raw, dict) else None
+            out.quarantined.append(
+                Quarantined(
+                    source,
+                    path,
+                    index,
+                    None if rid is None else str(rid),
+                    [str(exc)],
+                    split=source,
+                    record=raw,
+                )
+            )
+    results: dict[str, dict[str, Any]] = {}
+    if adapted:
+        frame = math_frame([record for _, record in adapted])
+        results = run_expectations(
+            frame, "math", lambda: build_math_suite(lim), json.dumps(lim, sort_keys=True, default=str)
+        )
+    failed: dict[int, list[str]] = {}
+    for name, result in results.items():
+        for row in result["rows"]:
+            failed.setdefault(row, []).append(f"expectation: {name}")
+    for row, (index, record) in enumerate(adapted):
+        if row in failed:
+            out.quarantined.append(
+                Quarantined(
+                    source,
+                    path,
+                    index,
+                    record["id"],
+                    failed[row],
+                    stage="expectations",
+                    split=source,
+                    record=record,
+                )
+            )
+        else:
+            out.records.append(record)
+    out.quarantined.sort(key=lambda q: q.index if q.index is not None else -1)
+    total = len(data)
+    invalid_fraction = len(out.quarantined) / total if total else 0.0
+    out.report = {
+        "file": path,
+        "total": total,
+        "kept": len(out.records),
+        "quarantined": len(out.quarantined),
+        "invalid_fraction": invalid_fraction,
+        "max_invalid_fraction": lim["max_invalid_fraction"],
+        "expectations": {
+            n: {"success": r["success"], "unexpected_count": r["unexpected_count"]}
+            for n, r in results.items()
+        },
+    }
+    if enforce:
+        out.check()
+    return out

@@ -1,0 +1,162 @@
+"""The math benchmarks' data stage: real MATH-Hard and AIME records, corrupted files, S3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from selfcest.data.math import MathValidationError, adapt_math_record, load_math_split
+from selfcest.data.qa import QADataError
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO.parent / "shared" / "data" / "benchmarks"
+MATH_HARD = BENCH / "math" / "math_hard_level5_test.jsonl"
+AIME24 = BENCH / "aime" / "aime24_test.jsonl"
+AIME25 = BENCH / "aime" / "aime25_test.jsonl"
+
+
+def _lines(path: Path, count: int) -> str:
+    return "".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[:count])
+
+
+def test_real_records_in_one_schema(tmp_path: Path) -> None:
+    head = tmp_path / "math_hard.jsonl"
+    head.write_text(_lines(MATH_HARD, 40), encoding="utf-8")
+    math_hard = load_math_split(str(head), source="math_hard")
+    assert len(math_hard.records) == 40 and not math_hard.quarantined
+    first = json.loads(_lines(MATH_HARD, 1))
+    assert math_hard.records[0] == {
+        "id": str(first["idx"]),
+        "problem": first["problem"],
+        "answer": "i",  # the last \boxed{} of the solution
+        "source": "math_hard",
+    }
+    aime24 = load_math_split(str(AIME24), source="aime24")
+    assert len(aime24.records) == 30 and all(r["answer"].isdigit() for r in aime24.records)
+    aime25 = load_math_split(str(AIME25), source="aime25")
+    assert [r["id"] for r in aime25.records[:2]] == ["aime25-0", "aime25-1"]  # no ids: named by position
+    assert all(result["success"] for result in aime25.report["expectations"].values())
+    assert set(aime25.report["expectations"]) == {
+        "id_unique", "id_non_empty", "problem_chars", "answer_chars", "answer_scorable"
+    }  # fmt: skip
+
+
+def test_bad_records_are_quarantined_with_the_field_and_reason(tmp_path: Path) -> None:
+    good = {"id": "g1", "problem": "What is $1+1$?", "answer": "2"}
+    lines = [
+        good,
+        {"id": "p1", "answer": "3"},  # no problem
+        {"id": "p2", "problem": 7, "answer": "3"},  # problem not a string
+        {"id": "p3", "problem": "Find x.", "solution": "x is three."},  # no \boxed{}
+        {"id": "p4", "problem": "Find y."},  # no answer, no solution
+        ["not", "an", "object"],
+        {"id": "g1", "problem": "Again?", "answer": "4"},  # duplicate id
+        {"id": "p6", "problem": "Find z.", "answer": "\\frac{"},  # a gold the scorer cannot read
+        {"id": "p7", "problem": "Find w.", "answer": {"value": 1}},
+    ]
+    path = tmp_path / "broken.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    split = load_math_split(str(path), source="broken", enforce=False)
+    assert [r["id"] for r in split.records] == []  # g1 is a duplicate of the other g1: both flagged
+    reasons = {q.index: q.reasons for q in split.quarantined}
+    assert reasons[1] == ["field 'problem': missing"]
+    assert reasons[2] == ["field 'problem': expected a string, got int"]
+    assert reasons[3] == ["field 'answer': no `answer` and no \\boxed{} in `solution`"]
+    assert reasons[4] == ["field 'answer': missing (and no `solution`)"]
+    assert reasons[5] == ["field '<record>': expected an object, got list"]
+    assert reasons[0] == reasons[6] == ["expectation: id_unique"]
+    assert reasons[7] == ["expectation: answer_scorable"]
+    assert reasons[8] == ["field 'answer': expected a string, got dict"]
+    assert all(q.file == str(path) for q in split.quarantined) and split.quarantined[0].record == {
+        **good,
+        "source": "broken",
+    }
+    with pytest.raises(
+        MathValidationError, match=r"broken.jsonl: 9/9 records invalid .* first offending record #0 id 'g1'"
+    ):
+        split.check()
+    with pytest.raises(MathValidationError):
+        load_math_split(str(path), source="broken")  # enforce: the same check
+    # A limit that allows it keeps the valid rest.
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text("".join(json.dumps(line) + "\n" for line in [good, lines[1]]), encoding="utf-8")
+    kept = load_math_split(str(partial), source="partial", limits={"max_invalid_fraction": 0.5})
+    assert [r["id"] for r in kept.records] == ["g1"] and len(kept.quarantined) == 1
+
+
+def test_broken_files_name_the_file_and_line(tmp_path: Path) -> None:
+    truncated = tmp_path / "truncated.jsonl"
+    truncated.write_text(_lines(AIME24, 2) + '{"problem": "cut', encoding="utf-8")
+    with pytest.raises(QADataError, match=r"truncated.jsonl: invalid JSON on line 3"):
+        load_math_split(str(truncated), source="aime24")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n", encoding="utf-8")
+    with pytest.raises(QADataError, match="empty.jsonl: empty file"):
+        load_math_split(str(empty), source="x")
+    with pytest.raises(QADataError, match="missing.jsonl: file not found"):
+        load_math_split(str(tmp_path / "missing.jsonl"), source="x")
+
+
+def test_adapter_prefers_an_answer_field_over_the_solution() -> None:
+    record = adapt_math_record(
+        {"problem": "p", "solution": "so \\boxed{5}", "answer": " 6 ", "unique_id": "u1"}, source="s", index=3
+    )
+    assert record == {"id": "u1", "problem": "p", "answer": "6", "source": "s"}
+
+
+def _stage_params(tmp_path: Path, sources: dict, splits: list[str]) -> Path:
+    params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    params["eval"]["math_sources"] = sources
+    params["eval"]["splits"]["math"] = splits
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_stage_reads_local_and_s3_sources_and_writes_the_quarantine_before_stopping(
+    s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import s3fs
+
+    from stages import prepare_math
+
+    monkeypatch.chdir(tmp_path)
+    s3 = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=s3_endpoint)
+    s3.mkdir("benchmarks")
+    s3.pipe("benchmarks/aime/aime24_test.jsonl", AIME24.read_bytes())
+    options = {"key": "testing", "secret": "testing", "endpoint_url": s3_endpoint}
+    sources = {
+        "aime24": {"path": str(AIME24), "avg_k": 8},
+        "aime24_s3": {"path": "s3://benchmarks/aime/aime24_test.jsonl", "storage_options": options},
+    }
+    prepare_math.main(["--params", str(_stage_params(tmp_path, sources, ["aime24", "aime24_s3"]))])
+    local = [json.loads(line) for line in (tmp_path / "data/math/aime24.jsonl").read_text().splitlines()]
+    remote = [json.loads(line) for line in (tmp_path / "data/math/aime24_s3.jsonl").read_text().splitlines()]
+    assert len(local) == 30 and [{**r, "source": "aime24"} for r in remote] == local
+    report = json.loads((tmp_path / "reports/math_validation.json").read_text())
+    assert report["splits"]["aime24_s3"]["kept"] == 30 and report["quarantined"] == 0
+    assert (tmp_path / "data/math/quarantine.jsonl").read_text() == ""
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(_lines(AIME24, 3) + json.dumps({"id": "x", "answer": "1"}) + "\n", encoding="utf-8")
+    sources["broken"] = {"path": str(broken)}
+    params = _stage_params(tmp_path, sources, ["aime24", "broken"])
+    with pytest.raises(
+        MathValidationError, match=r"broken.jsonl: 1/4 records invalid .* #3 id 'x': field 'problem': missing"
+    ):
+        prepare_math.main(["--params", str(params)])
+    [entry] = [
+        json.loads(line) for line in (tmp_path / "data/math/quarantine.jsonl").read_text().splitlines()
+    ]
+    assert (
+        entry["file"] == str(broken) and entry["index"] == 3 and entry["record"] == {"id": "x", "answer": "1"}
+    )
+    assert not (tmp_path / "data/math/aime24_s3.jsonl").exists()  # a split no longer configured is gone
+    assert "| `broken` |" in (tmp_path / "reports/math_validation.md").read_text()
+
+    unknown = _stage_params(tmp_path, sources, ["aime26"])
+    with pytest.raises(ValueError, match="eval.splits.math names 'aime26', which has no path"):
+        prepare_math.main(["--params", str(unknown)])
