@@ -407,6 +407,24 @@ def test_eval_and_report_stages_on_the_tiny_model(tiny_checkpoint: Path, tmp_pat
             assert sum(1 for _ in handle) == len(payload["rows"]) * 3
         timing = payload["timing"]
         assert timing["import_seconds"] >= 0 and timing["run_seconds"] > 0
+    # A math benchmark goes through its data stage first, as under DVC: prepare_math writes the
+    # validated split that the cell reads.
+    from stages import prepare_math
+
+    values = yaml.safe_load(params.read_text(encoding="utf-8"))
+    values["eval"]["splits"]["math"] = ["aime24"]
+    values["eval"]["budgets"]["math"] = [8, 16]
+    values["eval"]["math_sources"]["aime24"].update(path=str(AIME24), avg_k=2)
+    params.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+    prepare_math.main(["--params", str(params)])
+    evaluate.main(
+        ["--params", str(params), "--dataset", "math", "--split", "aime24", "--model", tiny_checkpoint.name]
+    )
+    math_cell = json.loads(
+        (tmp_path / "artifacts/eval/math/aime24" / tiny_checkpoint.name / "rows.json").read_text()
+    )
+    assert math_cell["status"] == "ok" and math_cell["methods"] == ["base", "sc@2", "selfcest"]
+    assert {r["n"] for r in math_cell["rows"]} == {3} and len(math_cell["rows"]) == 6
     # A checkpoint that does not exist yet gives a `missing` cell instead of failing.
     evaluate.main(
         ["--params", str(params), "--dataset", "arithmetic", "--split", "test", "--model", "absent_model"]
@@ -430,7 +448,7 @@ def test_eval_and_report_stages_on_the_tiny_model(tiny_checkpoint: Path, tmp_pat
     header = (out / "sweep.csv").read_text().splitlines()[0].split(",")
     assert set(header) >= REQUIRED_SWEEP_COLUMNS
     metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics["benchmarks"]) == {"arithmetic/test", "qa/dev"}
+    assert set(metrics["benchmarks"]) == {"arithmetic/test", "qa/dev", "math/aime24"}
     assert (out / "pareto" / "arithmetic_test.png").stat().st_size > 0
     summary = (out / "summary.md").read_text()
     assert "`noclone-grpo`" in summary and "Missing" in summary
