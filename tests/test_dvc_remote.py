@@ -16,8 +16,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "selfcest-dvc"
 
 
-def _run(cwd: Path, *args: str) -> str:
-    completed = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True)
+def _run(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    completed = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, env=env)
     assert completed.returncode == 0, (
         f"{' '.join(args)} failed in {cwd}:\n{completed.stdout}\n{completed.stderr}"
     )
@@ -25,7 +25,9 @@ def _run(cwd: Path, *args: str) -> str:
 
 
 def _dvc(cwd: Path, *args: str) -> str:
-    return _run(cwd, sys.executable, "-m", "dvc", *args)
+    # A clone's stages import the clone's own library, not the editable install's working tree,
+    # so uncommitted edits there cannot make the clone's data differ from its dvc.lock.
+    return _run(cwd, sys.executable, "-m", "dvc", *args, env={**os.environ, "PYTHONPATH": str(cwd / "src")})
 
 
 def _git(cwd: Path, *args: str) -> str:
