@@ -136,6 +136,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from omegaconf import OmegaConf
+
+    from selfcest.profiles import ProfileError, dvc_set_args, load_profile, profile_overrides
+
+    try:
+        params = OmegaConf.to_container(OmegaConf.load(args.params), resolve=False)
+        overrides = profile_overrides(load_profile(args.profile), params, args.set)
+    except (OSError, ProfileError) as exc:
+        print(f"selfcest profile: {exc}", file=sys.stderr)
+        return 2
+    if args.print0:
+        sys.stdout.write("".join(f"-S\0{override}\0" for override in overrides))
+    else:
+        print(dvc_set_args(overrides))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="selfcest", description="SELFCEST: learned delegation by clones")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -163,7 +181,31 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--repo", default=".", help="the repository (default: the current directory)")
     compare.add_argument("--sweep", default="reports/sweep.csv", help="the sweep's path in the repository")
     compare.add_argument("--out", default="reports-diff", help="where changes.md and the PNGs go")
+    profile = commands.add_parser(
+        "profile",
+        help="print a profile (an overlay on params.yaml, e.g. profiles/paper.yaml) as `dvc exp run` "
+        "-S overrides: selfcest profile profiles/paper.yaml --set model.init_from=DIR --print0 | "
+        "xargs -0 dvc exp run",
+    )
+    profile.add_argument("profile", help="a YAML overlay whose keys all exist in params.yaml")
+    profile.add_argument(
+        "--params", default="params.yaml", help="the params file the keys are checked against"
+    )
+    profile.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override (wins), e.g. a path",
+    )
+    profile.add_argument(
+        "--print0",
+        action="store_true",
+        help="NUL-separated arguments for `xargs -0 dvc exp run` (the default output is shell-quoted)",
+    )
     args = parser.parse_args(argv)
+    if args.command == "profile":
+        return cmd_profile(args)
     if args.command == "solve":
         return cmd_solve(args)
     if args.command == "compare":

@@ -1,0 +1,105 @@
+"""The paper profile overlay: applied with DVC's own `-S` code, every stage's config builds from it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from selfcest.cli import main as cli_main
+from selfcest.profiles import ProfileError, load_profile, profile_overrides
+
+REPO = Path(__file__).resolve().parent.parent
+PAPER = REPO / "profiles" / "paper.yaml"
+
+
+def _params() -> dict:
+    return OmegaConf.to_container(OmegaConf.load(REPO / "params.yaml"), resolve=False)
+
+
+def test_the_paper_profile_applies_through_dvc_and_every_stage_config_builds(tmp_path: Path, capsys) -> None:
+    from dvc.utils.hydra import apply_overrides
+
+    from selfcest.data.arithmetic import build_arithmetic_splits
+    from selfcest.evaluation import MethodSpec, runtime_config_from_params
+    from selfcest.grpo import TrainingConfig
+    from selfcest.rewards import GateConfig, RewardConfig
+    from selfcest.runtime import RuntimeConfig
+    from selfcest.sweep_config import settings_for
+
+    assert cli_main(["profile", str(PAPER), "--params", str(REPO / "params.yaml"), "--print0"]) == 0
+    words = capsys.readouterr().out.split("\0")[:-1]
+    assert words[0::2] == ["-S"] * (len(words) // 2)  # what `xargs -0 dvc exp run` receives
+    params_file = tmp_path / "params.yaml"
+    shutil.copy(REPO / "params.yaml", params_file)
+    apply_overrides(params_file, words[1::2])  # exactly what `dvc exp run -S` does to params.yaml
+    merged = OmegaConf.load(params_file)
+    for key, value in _leaf_items(load_profile(PAPER)):
+        assert OmegaConf.select(merged, key) == value, key
+    params = OmegaConf.to_container(merged, resolve=True)
+
+    # generate_arithmetic: the release's distribution (small counts: this checks the config only)
+    arithmetic = dict(params["arithmetic"])
+    arithmetic["profiles"]["paper"]["tiers"]["paper"]["count"] = 20
+    arithmetic["profiles"]["paper"]["ood"]["count"] = 5
+    splits = build_arithmetic_splits(arithmetic)
+    assert {"train", "test", "ood"} <= set(splits) and any("*" in r["expr"] for r in splits["train"])
+    # train_grpo, every variant
+    grpo = params["grpo"]
+    for variant in grpo["variants"].values():
+        RuntimeConfig(use_tools=variant["use_tools"], **grpo["runtime"])
+        GateConfig(mode=variant["gate"], **grpo.get("gate_options", {}))
+    RewardConfig(**grpo["reward"])
+    assert TrainingConfig(**grpo["training"]).learning_rate == pytest.approx(6e-7)
+    # the evaluation cells and the report
+    eval_params = params["eval"]
+    assert runtime_config_from_params(params["runtime"]).max_clones_per_call == 30
+    for methods in eval_params["models"].values():
+        for name, values in methods.items():
+            MethodSpec.from_params(name, values)
+    for dataset in ("arithmetic", "qa", "math"):
+        assert settings_for(eval_params, dataset).reference_budget in eval_params["budgets"][dataset]
+    for split in eval_params["splits"]["math"]:
+        assert (REPO / eval_params["math_sources"][split]["path"]).exists()
+    real_qa = {source["name"] for source in params["qa"]["real"]["sources"]}
+    assert set(eval_params["splits"]["qa"]) <= set(params["qa"]["synthetic"]["splits"]) | real_qa
+    for benchmark in eval_params["report"]["claim_splits"]:
+        dataset, split = benchmark.split("/")
+        assert split in eval_params["splits"][dataset]
+
+
+def _leaf_items(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
+    items = []
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            items += _leaf_items(value, f"{prefix}{key}.")
+        else:
+            items.append((f"{prefix}{key}", value))
+    return items
+
+
+def test_overrides_refuse_unknown_keys_and_extra_values_win(tmp_path: Path, capsys) -> None:
+    params = _params()
+    overrides = profile_overrides(
+        {"model": {"init_from": "/a b/it's"}, "eval": {"splits": {"qa": ["test", "ood"]}}},
+        params,
+        ["model.init_from=/models/q", "eval.sweep.max_problems=12"],
+    )
+    assert overrides == [
+        "model.init_from='/models/q'",
+        "eval.splits.qa=['test','ood']",
+        "eval.sweep.max_problems=12",
+    ]
+    quoted = profile_overrides({"model": {"init_from": "/a b/it's"}}, params)
+    assert quoted == ["model.init_from='/a b/it\\'s'"]
+    with pytest.raises(ProfileError, match="keys that params.yaml does not have: grpo.training.learning_rat"):
+        profile_overrides({"grpo": {"training": {"learning_rat": 1e-6}}}, params)
+    with pytest.raises(ProfileError, match="--set expects key=value"):
+        profile_overrides({}, params, ["model.init_from"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"runtime": {"max_clone_per_call": 3}}), encoding="utf-8")
+    assert cli_main(["profile", str(bad), "--params", str(REPO / "params.yaml")]) == 2
+    assert "runtime.max_clone_per_call" in capsys.readouterr().err
