@@ -93,6 +93,12 @@ def test_overrides_refuse_unknown_keys_and_extra_values_win(tmp_path: Path, caps
         "eval.splits.qa=['test','ood']",
         "eval.sweep.max_problems=12",
     ]
+    whole = profile_overrides(
+        {"eval": {"report": {"reference_budget": {"qa": 1024, "math": 2048}}}},
+        params,
+        ["eval.report.reference_budget={qa: 64, arithmetic: 128, math: 256}"],
+    )
+    assert whole == ["eval.report.reference_budget={qa:64,arithmetic:128,math:256}"]
     quoted = profile_overrides({"model": {"init_from": "/a b/it's"}}, params)
     assert quoted == ["model.init_from='/a b/it\\'s'"]
     with pytest.raises(ProfileError, match="keys that params.yaml does not have: grpo.training.learning_rat"):

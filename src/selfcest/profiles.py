@@ -67,7 +67,10 @@ def profile_overrides(
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ProfileError(f"--set expects key=value, got {item!r}")
-        merged[key.strip()] = yaml.safe_load(raw)
+        key = key.strip()
+        for covered in [k for k in merged if k.startswith(key + ".")]:
+            del merged[covered]  # a whole mapping set here replaces the profile's values under it
+        merged[key] = yaml.safe_load(raw)
     unknown = [key for key in merged if not _has_key(params, key)]
     if unknown:
         raise ProfileError(f"keys that params.yaml does not have: {', '.join(unknown)}")
