@@ -160,7 +160,7 @@ def load_math_split(
     not JSON) raise QADataError naming the file (and line); bad records are quarantined; more than
     `max_invalid_fraction` of them raises MathValidationError (`enforce=False`: the caller writes
     the quarantine first, then calls `MathSplit.check`)."""
-    from selfcest.data.validation import run_expectations
+    from selfcest.data.validation import expectation_summary, run_expectations
 
     lim = {**DEFAULT_MATH_LIMITS, **(limits or {})}
     data = read_json_records(path, storage_options)  # a list: JSON lines, or a top-level JSON list
@@ -220,10 +220,7 @@ def load_math_split(
         "quarantined": len(out.quarantined),
         "invalid_fraction": invalid_fraction,
         "max_invalid_fraction": lim["max_invalid_fraction"],
-        "expectations": {
-            n: {"success": r["success"], "unexpected_count": r["unexpected_count"]}
-            for n, r in results.items()
-        },
+        "expectations": expectation_summary(results),
     }
     if enforce:
         out.check()

@@ -290,6 +290,13 @@ def run_expectations(
     return out
 
 
+def expectation_summary(results: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`run_expectations`' results as a report shows them: success and unexpected count per name."""
+    return {
+        n: {"success": r["success"], "unexpected_count": r["unexpected_count"]} for n, r in results.items()
+    }
+
+
 def run_suite(df: pd.DataFrame, limits: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Run the QA suite; return name -> {success, unexpected_count, rows (list of _row), error}."""
     lim = {**DEFAULT_LIMITS, **(limits or {})}
@@ -388,10 +395,7 @@ def validate_records(
         "expectation_failures": sum(1 for q in out.quarantined if q.stage == "expectations"),
         "invalid_fraction": invalid_fraction,
         "max_invalid_fraction": lim["max_invalid_fraction"],
-        "expectations": {
-            n: {"success": r["success"], "unexpected_count": r["unexpected_count"]}
-            for n, r in expectations.items()
-        },
+        "expectations": expectation_summary(expectations),
     }
     if enforce and invalid_fraction > lim["max_invalid_fraction"]:
         first = out.quarantined[0]
