@@ -324,7 +324,8 @@ class SelfcestGRPOTrainer(GRPOTrainer):
 
         A forward and a backward pass per role on top of the step's own: measurement only (no
         parameter's `.grad` is touched and dropout is off), so how often it runs does not change
-        the weights."""
+        the weights. With `micro_steps` > 1 each slice is measured alone and the step logs the
+        mean of the slices' norms, not the norm of the accumulated gradient."""
         params = [p for p in model.parameters() if p.requires_grad]
         metrics = self._metrics["train"]
         for role, name in ((ROLE_ROOT, "root"), (ROLE_CLONE, "clone")):
@@ -361,6 +362,11 @@ class TrainingConfig:
     advantage: Literal["std", "mean"] = "std"
     """`std`: (R - mean) / std within the group (GRPO, the release); `mean`: mean-centred only."""
     max_grad_norm: float = 1.0
+    micro_steps: int = 1
+    """Gradient accumulation: the generation batch (prompts_per_step x num_generations roots, with
+    their clone rows) is generated once, split into this many slices, each a forward and backward
+    pass, and followed by one optimiser step, so a large policy need not hold every row's
+    activations at once. Still on-policy, and the same update up to float rounding (tested)."""
     warmup_steps: int = 2
     logging_steps: int = 2
     role_grad_norm_steps: int = 8
@@ -391,16 +397,25 @@ def build_trainer(
     by_id = {task.id: task for task in tasks}
     if len(by_id) != len(tasks):
         raise ValueError("task ids must be unique")
+    roots = training.prompts_per_step * training.num_generations
+    if training.micro_steps < 1 or roots % training.micro_steps:
+        raise ValueError(
+            f"grpo.training.micro_steps {training.micro_steps} must divide prompts_per_step x "
+            f"num_generations = {roots}"
+        )
     args = GRPOConfig(
         output_dir=output_dir,
         max_steps=training.max_steps,
         learning_rate=training.learning_rate,
         lr_scheduler_type="constant_with_warmup",
         warmup_steps=training.warmup_steps,
-        per_device_train_batch_size=training.prompts_per_step * training.num_generations,
+        per_device_train_batch_size=roots // training.micro_steps,
         num_generations=training.num_generations,
-        steps_per_generation=1,  # one optimizer step per generation batch: on-policy, no stale log-probs
-        gradient_accumulation_steps=1,
+        # One generation batch per optimiser step (on-policy, no stale log-probs), taken in
+        # `micro_steps` accumulated slices; TRL pads nothing here, `_add_clone_rows` makes the
+        # augmented batch a multiple of the slice count.
+        steps_per_generation=training.micro_steps,
+        gradient_accumulation_steps=training.micro_steps,
         # The log-probs of the policy gradient are those of the distribution the rollouts sampled
         # from: TRL divides the logits by this temperature, as its own generation would sample.
         temperature=selfcest.temperature,
