@@ -308,3 +308,21 @@ def test_micro_steps_give_the_same_update_as_one_batch(tiny_checkpoint: Path, tm
     assert all(torch.allclose(a, b, atol=5e-5) for a, b in zip(weights_one, weights_two, strict=True))
     with pytest.raises(ValueError, match="micro_steps 3 must divide prompts_per_step x num_generations = 8"):
         make_trainer(tiny_checkpoint, tmp_path / "run3", micro_steps=3)
+
+
+def test_gradient_checkpointing_and_bf16_train_the_same_step(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """Gradient checkpointing recomputes activations: the same gradient norm as keeping them. bf16
+    autocast changes the float format only: a gradient norm within a few percent."""
+    norms = {}
+    for name, flags in {
+        "fp32": {},
+        "checkpointing": {"gradient_checkpointing": True},
+        "bf16": {"bf16": True},
+    }.items():
+        trainer = make_trainer(tiny_checkpoint, tmp_path / name, max_steps=1, warmup_steps=0, **flags)
+        trainer.train()
+        [log] = [h for h in trainer.state.log_history if "grad_norm" in h]
+        norms[name] = log["grad_norm"]
+        assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert norms["checkpointing"] == pytest.approx(norms["fp32"], rel=1e-4)
+    assert norms["bf16"] == pytest.approx(norms["fp32"], rel=0.05) and norms["bf16"] != norms["fp32"]
