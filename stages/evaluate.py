@@ -38,6 +38,7 @@ _STARTED = time.perf_counter()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/evaluate.py` works too
 
+from selfcest.sweep_config import per_dataset, settings_for  # noqa: E402
 from stages.common import PARAMS_FILE, file_sha256, load_params, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("evaluate")
@@ -51,16 +52,11 @@ def split_path(dataset: str, split: str) -> Path:
     raise ValueError(f"unknown dataset {dataset!r}")
 
 
-def for_dataset(value: Any, dataset: str) -> Any:
-    """A setting given once for every dataset, or as a mapping per dataset."""
-    return value.get(dataset) if isinstance(value, dict) else value
-
-
 def max_problems_for(value: Any, dataset: str, split: str) -> int | None:
     """`eval.sweep.max_problems` for one split: a number (null: every problem) for all splits, a
     mapping per dataset, or, under a dataset, a mapping per split whose `default` covers the splits
     it does not name (for example `{qa: {default: 48, musique_dev: 10}}` caps only the long one)."""
-    value = for_dataset(value, dataset)
+    value = per_dataset(value, dataset)
     if isinstance(value, dict):
         value = value.get(split, value.get("default"))
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -138,9 +134,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     # here too, so that a misconfigured sweep stops before its cells spend minutes (hours with the
     # paper's models) rather than after. A check only: `eval.report` is not among this stage's
     # params, since nothing a cell writes depends on it (the rule, sweep_config.py, is a dep).
-    from selfcest.sweep_config import settings_for
-
-    settings_for(eval_params, args.dataset)
+    budgets = settings_for(eval_params, args.dataset).budgets
 
     sweep = eval_params["sweep"]
     out = args.out or Path("artifacts/eval") / args.dataset / args.split / args.model
@@ -199,7 +193,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
             "seed": params.get("seed"),
             "runtime": params.get("runtime"),
             "sweep": sweep,
-            "budgets": for_dataset(eval_params["budgets"], args.dataset),
+            "budgets": budgets,
             "methods": method_params,
             "source": source,
             "max_problems": args.max_problems,
@@ -236,7 +230,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
             evaluator,
             methods,
             problems,
-            sorted(int(b) for b in for_dataset(eval_params["budgets"], args.dataset)),
+            budgets,
             meta=meta,
             resamples=int(sweep.get("bootstrap_resamples", 1000)),
             bootstrap_seed=seed,
