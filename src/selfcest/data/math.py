@@ -22,7 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# The QA adapters' record error: one record's field and reason, turned into a Quarantined item.
 from selfcest.data.qa import QADataError, Quarantined, read_json_records
+from selfcest.data.qa import _RecordError as RecordError
 from selfcest.scoring import last_boxed, math_equivalent
 
 #: Bounds used when params give none.
@@ -33,14 +35,6 @@ DEFAULT_MATH_LIMITS: dict[str, Any] = {
     "max_problem_chars": 20000,
     "max_answer_chars": 256,
 }
-
-
-class MathRecordError(Exception):
-    """One record's problem, raised inside the adapter and turned into a Quarantined item."""
-
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"field {field_name!r}: {message}")
-        self.field = field_name
 
 
 class MathValidationError(RuntimeError):
@@ -57,15 +51,15 @@ class MathSplit:
 
     def check(self) -> None:
         """Raise MathValidationError when more than `max_invalid_fraction` of the file is invalid."""
+        from selfcest.data.validation import too_many_invalid
+
         report = self.report
-        if report and report["invalid_fraction"] > report["max_invalid_fraction"]:
-            first = self.quarantined[0]
-            raise MathValidationError(
-                f"{report['file']}: {report['quarantined']}/{report['total']} records invalid "
-                f"({report['invalid_fraction']:.1%} > max_invalid_fraction "
-                f"{report['max_invalid_fraction']:.1%}); first offending record #{first.index} id "
-                f"{first.record_id!r}: {'; '.join(first.reasons)}"
+        if report:
+            problem = too_many_invalid(
+                report["file"], self.quarantined, report["total"], report["max_invalid_fraction"]
             )
+            if problem:
+                raise MathValidationError(problem)
 
 
 def _text(record: Mapping[str, Any], name: str) -> str | None:
@@ -73,32 +67,32 @@ def _text(record: Mapping[str, Any], name: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise MathRecordError(name, f"expected a string, got {type(value).__name__}")
+        raise RecordError(name, f"expected a string, got {type(value).__name__}")
     return str(value).strip()
 
 
 def adapt_math_record(raw: Any, *, source: str, index: int) -> dict[str, str]:
-    """A MATH or AIME line in the project's schema; raises MathRecordError naming the field."""
+    """A MATH or AIME line in the project's schema; raises RecordError naming the field."""
     if not isinstance(raw, dict):
-        raise MathRecordError("<record>", f"expected an object, got {type(raw).__name__}")
+        raise RecordError("<record>", f"expected an object, got {type(raw).__name__}")
     problem = raw.get("problem")
     if problem is None:
-        raise MathRecordError("problem", "missing")
+        raise RecordError("problem", "missing")
     if not isinstance(problem, str):
-        raise MathRecordError("problem", f"expected a string, got {type(problem).__name__}")
+        raise RecordError("problem", f"expected a string, got {type(problem).__name__}")
     if not problem.strip():
-        raise MathRecordError("problem", "empty")
+        raise RecordError("problem", "empty")
     answer = _text(raw, "answer")
     if not answer:
         solution = raw.get("solution")
         if solution is not None and not isinstance(solution, str):
-            raise MathRecordError("solution", f"expected a string, got {type(solution).__name__}")
+            raise RecordError("solution", f"expected a string, got {type(solution).__name__}")
         answer = (last_boxed(solution) or "").strip() if solution else ""
         if not answer:
             where = (
                 "no `answer` and no \\boxed{} in `solution`" if solution else "missing (and no `solution`)"
             )
-            raise MathRecordError("answer", where)
+            raise RecordError("answer", where)
     record_id = _text(raw, "id") or _text(raw, "unique_id") or _text(raw, "idx")
     return {
         "id": record_id if record_id else f"{source}-{index}",
@@ -171,7 +165,7 @@ def load_math_split(
     for index, raw in enumerate(data):
         try:
             adapted.append((index, adapt_math_record(raw, source=source, index=index)))
-        except MathRecordError as exc:
+        except RecordError as exc:
             rid = raw.get("id", raw.get("idx")) if isinstance(raw, dict) else None
             out.quarantined.append(
                 Quarantined(

@@ -397,11 +397,25 @@ def validate_records(
         "max_invalid_fraction": lim["max_invalid_fraction"],
         "expectations": expectation_summary(expectations),
     }
-    if enforce and invalid_fraction > lim["max_invalid_fraction"]:
-        first = out.quarantined[0]
-        raise QAValidationError(
-            f"{origin}: {len(out.quarantined)}/{total} records invalid ({invalid_fraction:.1%} > "
-            f"max_invalid_fraction {lim['max_invalid_fraction']:.1%}); first offending record "
-            f"#{first.index} id {first.record_id!r} in {first.file}: {'; '.join(first.reasons)}"
-        )
+    problem = too_many_invalid(origin, out.quarantined, total, lim["max_invalid_fraction"])
+    if enforce and problem:
+        raise QAValidationError(problem)
     return out
+
+
+def too_many_invalid(
+    origin: str, quarantined: Sequence[Quarantined], total: int, max_invalid_fraction: float
+) -> str | None:
+    """The stop message when more than `max_invalid_fraction` of `total` records were quarantined
+    (None otherwise): the counts, and the first offending record with its file (when that is not
+    `origin` itself) and reasons."""
+    fraction = len(quarantined) / total if total else 0.0
+    if fraction <= max_invalid_fraction:
+        return None
+    first = quarantined[0]
+    where = "" if first.file == origin else f" in {first.file}"
+    return (
+        f"{origin}: {len(quarantined)}/{total} records invalid ({fraction:.1%} > "
+        f"max_invalid_fraction {max_invalid_fraction:.1%}); first offending record "
+        f"#{first.index} id {first.record_id!r}{where}: {'; '.join(first.reasons)}"
+    )
