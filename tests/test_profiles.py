@@ -10,7 +10,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from selfcest.cli import main as cli_main
-from selfcest.profiles import ProfileError, load_profile, profile_overrides
+from selfcest.profiles import ProfileError, leaves, load_profile, profile_overrides
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER = REPO / "profiles" / "paper.yaml"
@@ -37,7 +37,7 @@ def test_the_paper_profile_applies_through_dvc_and_every_stage_config_builds(tmp
     shutil.copy(REPO / "params.yaml", params_file)
     apply_overrides(params_file, words[1::2])  # exactly what `dvc exp run -S` does to params.yaml
     merged = OmegaConf.load(params_file)
-    for key, value in _leaf_items(load_profile(PAPER)):
+    for key, value in leaves(load_profile(PAPER)):
         assert OmegaConf.select(merged, key) == value, key
     params = OmegaConf.to_container(merged, resolve=True)
 
@@ -69,16 +69,6 @@ def test_the_paper_profile_applies_through_dvc_and_every_stage_config_builds(tmp
     for benchmark in eval_params["report"]["claim_splits"]:
         dataset, split = benchmark.split("/")
         assert split in eval_params["splits"][dataset]
-
-
-def _leaf_items(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
-    items = []
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            items += _leaf_items(value, f"{prefix}{key}.")
-        else:
-            items.append((f"{prefix}{key}", value))
-    return items
 
 
 def test_overrides_refuse_unknown_keys_and_extra_values_win(tmp_path: Path, capsys) -> None:

@@ -20,12 +20,12 @@ class ProfileError(ValueError):
     """A profile that names a key params.yaml does not have, or a malformed `--set`."""
 
 
-def _leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+def leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
     """(dotted key, value) for every leaf; a mapping value is descended into, a list is one value."""
     for key, value in tree.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, Mapping) and value:
-            yield from _leaves(value, dotted + ".")
+            yield from leaves(value, dotted + ".")
         else:
             yield dotted, value
 
@@ -62,7 +62,7 @@ def profile_overrides(
     """`key=value` overrides for every leaf of `profile`, then `extra` (`key=value` strings, values
     read as YAML, which win). Every key must already exist in `params`: an override of a key that
     does not exist would be a typo that DVC adds silently with `+` or refuses without it."""
-    merged: dict[str, Any] = dict(_leaves(profile))
+    merged: dict[str, Any] = dict(leaves(profile))
     for item in extra:
         key, sep, raw = item.partition("=")
         if not sep or not key:
