@@ -19,7 +19,6 @@ scored (the root's first spawn, the monolithic solution).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import re
@@ -33,13 +32,12 @@ pin_cpu_kernels()  # before torch is imported: the pipeline's CPU kernels (selfc
 
 import torch  # noqa: E402
 
-from selfcest.data.arithmetic import config_from_mapping, generate_expression  # noqa: E402
 from selfcest.model import load_model  # noqa: E402
-from selfcest.teachers import arithmetic_conversations  # noqa: E402
 from selfcest.tokenizer import load_tokenizer  # noqa: E402
 from selfcest.warmup import tokenize_conversations, warmup_settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.probes import active_generator, probe_conversations, probe_teacher  # noqa: E402
 from stages.common import load_params  # noqa: E402
 
 TERM = re.compile(r"[+-]?\d+")
@@ -108,23 +106,12 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(args.params)
     settings = warmup_settings(dict(params["warmup"]), seed=params["seed"])
-    # Every root delegates and no thinking row: the two kinds whose look-up is in question.
-    teacher = dataclasses.replace(settings.teacher, direct_root_fraction=0.0, thinking_fraction=0.0)
-    arithmetic = params["arithmetic"]
-    generator = config_from_mapping(arithmetic["profiles"][arithmetic["profile"]].get("generator") or {})
+    generator, teacher = active_generator(params), probe_teacher(settings.teacher)
     tokenizer = load_tokenizer(args.checkpoint)
     model = load_model(args.checkpoint, dtype="float32").eval()
     for num_operators in args.operators:
         rng = random.Random(args.seed + num_operators)
-        config = config_from_mapping({"num_operators": (num_operators, num_operators)}, generator)
-        conversations = []
-        for _ in range(args.problems):
-            expr, _ = generate_expression(config, rng)
-            conversations += [
-                c
-                for c in arithmetic_conversations(expr, rng, teacher)
-                if c["kind"] in ("arith_mono", "arith_root_delegate")
-            ]
+        conversations = probe_conversations(generator, teacher, num_operators, args.problems, rng)
         print(
             json.dumps({"operators": num_operators, **copy_accuracy(model, tokenizer, conversations)}),
             flush=True,

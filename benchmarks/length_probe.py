@@ -44,6 +44,7 @@ from selfcest.prompts import arithmetic_question  # noqa: E402
 from selfcest.tokenizer import load_tokenizer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.probes import active_generator  # noqa: E402
 from stages.common import load_params  # noqa: E402
 
 
@@ -91,9 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     params = load_params(Path(args.params))
-    arithmetic = params["arithmetic"]
-    # The profile's own generator settings, as stages/generate_arithmetic.py reads them.
-    generator = config_from_mapping(arithmetic["profiles"][arithmetic["profile"]].get("generator") or {})
+    generator = active_generator(params)
     tokenizer, model = load_tokenizer(args.checkpoint), load_model(args.checkpoint, device=args.device).eval()
     evaluator = Evaluator(
         TransformersEngine(model, tokenizer, max_batch_size=64), runtime_config_from_params(params["runtime"])

@@ -41,13 +41,13 @@ from datasets import Dataset  # noqa: E402
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # noqa: E402
 
 from selfcest.checkpoints import fingerprint  # noqa: E402
-from selfcest.data.arithmetic import config_from_mapping, generate_expression  # noqa: E402
 from selfcest.model import load_model  # noqa: E402
-from selfcest.teachers import arithmetic_conversations, build_warmup_conversations  # noqa: E402
+from selfcest.teachers import build_warmup_conversations  # noqa: E402
 from selfcest.tokenizer import load_tokenizer  # noqa: E402
 from selfcest.warmup import run_warmup, tokenize_conversations, warmup_settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.probes import active_generator, probe_conversations, probe_teacher  # noqa: E402
 from stages.common import load_params, read_jsonl  # noqa: E402
 
 
@@ -159,21 +159,10 @@ def main() -> None:
         final_marker.write_text(run_fingerprint)
         print(json.dumps({"scheme": args.scheme, **metrics}), flush=True)
     model.eval()
-    arithmetic = params["arithmetic"]
-    generator = config_from_mapping(arithmetic["profiles"][arithmetic["profile"]].get("generator") or {})
-    # Every root delegates and no thinking row: the two kinds whose length limit is in question.
-    probe_teacher = dataclasses.replace(teacher, direct_root_fraction=0.0, thinking_fraction=0.0)
+    generator, teacher = active_generator(params), probe_teacher(teacher)
     for num_operators in args.operators:
         rng = random.Random(num_operators)
-        expressions = config_from_mapping({"num_operators": (num_operators, num_operators)}, generator)
-        probe: list[dict[str, Any]] = []
-        for _ in range(args.conversations):
-            expr, _ = generate_expression(expressions, rng)
-            probe.extend(
-                c
-                for c in arithmetic_conversations(expr, rng, probe_teacher)
-                if c["kind"] in ("arith_mono", "arith_root_delegate")
-            )
+        probe = probe_conversations(generator, teacher, num_operators, args.conversations, rng)
         tokenized = tokenize_conversations(probe, tokenizer, max_length=4096)  # once for every scheme
         result = {scheme: teacher_forced_exactness(model, tokenized, scheme) for scheme in args.eval_schemes}
         print(json.dumps({"operators": num_operators, **result}), flush=True)
