@@ -18,7 +18,7 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from selfcest.checkpoints import code_sha256, prepare_run_dir
-from selfcest.determinism import cpu_flags
+from selfcest.determinism import KERNEL_VARIABLE, PINNED_CAPABILITY, cpu_flags
 from selfcest.grpo import ROLE_CLONE, ROLE_PAD, ROLE_ROOT, SelfcestConfig, SelfcestGRPOTrainer
 from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward, length_penalty
 from selfcest.runtime import AgentRecord, Episode, RuntimeConfig
@@ -319,7 +319,7 @@ def _bf16_cpu_attention() -> contextlib.AbstractContextManager:
     ("pack_vnni2 is only supported when avx512 is supported"; measured on an Intel Sapphire Rapids
     machine, and the suite runs pinned once any test has imported `stages`). The math backend is
     the same attention without that packing; elsewhere nothing changes."""
-    pinned = os.environ.get("ATEN_CPU_CAPABILITY", "").lower() not in ("", "avx512", "default")
+    pinned = os.environ.get(KERNEL_VARIABLE, "").lower() == PINNED_CAPABILITY
     if pinned and {"avx512_bf16", "amx_bf16"} & cpu_flags():
         return sdpa_kernel(SDPBackend.MATH)
     return contextlib.nullcontext()
