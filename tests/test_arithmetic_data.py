@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from digests import tree_digest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -411,14 +412,6 @@ def _run_stage(args: list[str]) -> None:
     module.main(args)
 
 
-def _tree_digest(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
 def test_stage_end_to_end(tmp_path: Path) -> None:
     import datasets
     from omegaconf import OmegaConf
@@ -436,7 +429,7 @@ def test_stage_end_to_end(tmp_path: Path) -> None:
 
     (out_a, card_a), (out_b, card_b) = outputs
     # Same seed, same bytes: JSONL, data card, and the Arrow files written by save_to_disk.
-    assert _tree_digest(out_a) == _tree_digest(out_b)
+    assert tree_digest(out_a) == tree_digest(out_b)
     assert card_a.read_bytes() == card_b.read_bytes()
 
     card = json.loads(card_a.read_text())

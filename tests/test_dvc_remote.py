@@ -4,13 +4,13 @@ into a second clone, at two commits."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from digests import tree_digest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "selfcest-dvc"
@@ -32,14 +32,6 @@ def _dvc(cwd: Path, *args: str) -> str:
 
 def _git(cwd: Path, *args: str) -> str:
     return _run(cwd, "git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", *args)
-
-
-def _tree_digest(folder: Path) -> dict[str, str]:
-    return {
-        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
-    }
 
 
 def _credentials(clone: Path) -> None:
@@ -67,7 +59,7 @@ def test_stage_outputs_push_to_an_s3_remote_and_pull_into_a_fresh_clone(
     # The stage regenerates its data from the seed in params: the same bytes as dvc.lock records.
     _dvc(origin, "repro", "--single-item", "generate_arithmetic")
     assert (origin / "dvc.lock").read_text() == committed_lock
-    first = _tree_digest(origin / "data" / "arithmetic")
+    first = tree_digest(origin / "data" / "arithmetic")
 
     _dvc(origin, "remote", "add", "--default", "storage", f"s3://{BUCKET}/cache")
     _dvc(origin, "remote", "modify", "storage", "endpointurl", s3_endpoint)
@@ -82,7 +74,7 @@ def test_stage_outputs_push_to_an_s3_remote_and_pull_into_a_fresh_clone(
     assert "\nseed: 42\n" in params
     (origin / "params.yaml").write_text(params.replace("\nseed: 42\n", "\nseed: 7\n", 1))
     _dvc(origin, "repro", "--single-item", "generate_arithmetic")
-    second = _tree_digest(origin / "data" / "arithmetic")
+    second = tree_digest(origin / "data" / "arithmetic")
     assert second != first
     _git(origin, "add", "params.yaml", "dvc.lock", "reports/arithmetic_card.json")
     _git(origin, "commit", "-q", "-m", "seed 7")
@@ -93,9 +85,9 @@ def test_stage_outputs_push_to_an_s3_remote_and_pull_into_a_fresh_clone(
     _git(tmp_path, "clone", "-q", str(origin), str(fresh))
     _credentials(fresh)
     _dvc(fresh, "pull", "generate_arithmetic")
-    assert _tree_digest(fresh / "data" / "arithmetic") == second
+    assert tree_digest(fresh / "data" / "arithmetic") == second
     assert "didn't change" in _dvc(fresh, "repro", "--single-item", "generate_arithmetic")
     _git(fresh, "checkout", "-q", "HEAD~1")
     _dvc(fresh, "pull", "generate_arithmetic")
-    assert _tree_digest(fresh / "data" / "arithmetic") == first
+    assert tree_digest(fresh / "data" / "arithmetic") == first
     assert "up to date" in _dvc(fresh, "status", "generate_arithmetic")
