@@ -1,0 +1,172 @@
+"""Benchmark: do copying drills on long expressions move the tiny model's length cliff?
+
+    python benchmarks/copy_drills.py --out /tmp/drills/on
+    python benchmarks/copy_drills.py --drills 0 --out /tmp/drills/off     # the control
+
+`copy_probe.py` shows the cliff is the look-up of the prompt's terms, which breaks one operator
+past the longest training expression in both modes. Here the arithmetic-only warm-up of
+`position_ids.py` (the warm-up's arithmetic teachers, every `data/arithmetic/train.jsonl` record,
+the warm-up's optimiser settings, `--steps` updates from `artifacts/init_model`) also reads
+`--drills` copying conversations on fresh expressions of `--drill-operators` operators: half ask
+to repeat the expression, half to list its terms one per line. They teach the look-up over longer
+inputs with no arithmetic in them: no sum of a long expression is ever taught, so the arithmetic
+itself stays at the training lengths, while copying is what a pretrained model brings to the
+paper's long problems. No drill expression is a test or ood expression. `--drills-only` leaves
+the arithmetic out, to see whether this model learns the copying at all.
+Then, per operator count, on fresh expressions, one JSON line: `drills`, the share of fresh drills
+of each kind whose every answer token is the model's argmax (teacher-forced), and `mono` / `root`,
+`copy_probe.py`'s per-term-index copy accuracy of the monolithic step lines and the root's first
+spawn. A finished run's `--out` is measured again without training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from selfcest.determinism import pin_cpu_kernels
+
+pin_cpu_kernels()  # before torch is imported: the pipeline's CPU kernels (selfcest/determinism.py)
+
+import torch  # noqa: E402
+
+from selfcest.checkpoints import fingerprint  # noqa: E402
+from selfcest.data.arithmetic import config_from_mapping, generate_expression  # noqa: E402
+from selfcest.model import load_model  # noqa: E402
+from selfcest.teachers import build_warmup_conversations, conversation, parse_terms  # noqa: E402
+from selfcest.tokenizer import load_tokenizer  # noqa: E402
+from selfcest.warmup import run_warmup, tokenize_conversations, warmup_settings  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.copy_probe import copy_accuracy  # noqa: E402
+from benchmarks.probes import active_generator, probe_conversations, probe_teacher  # noqa: E402
+from stages.common import load_params, read_jsonl  # noqa: E402
+
+DRILL_SYSTEM_PROMPT = "You copy the text you are given exactly."
+
+
+def drill(question: str, answer: str, kind: str) -> dict[str, Any]:
+    messages = [
+        {"role": "system", "content": DRILL_SYSTEM_PROMPT},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": answer},
+    ]
+    return conversation(messages, tools=False, kind=kind)
+
+
+def drill_conversations(
+    params: dict[str, Any], count: int, operators: tuple[int, int], held_out: set[str], seed: int
+) -> list[dict[str, Any]]:
+    """`count` copying conversations on fresh expressions, none of them in `held_out`."""
+    rng = random.Random(seed)
+    config = config_from_mapping({"num_operators": operators}, active_generator(params))
+    drills: list[dict[str, Any]] = []
+    for _ in range(100 * count):  # bounded: short drills can run out of expressions outside held_out
+        if len(drills) == count:
+            break
+        expr, _ = generate_expression(config, rng)
+        if expr in held_out:
+            continue
+        if len(drills) % 2 == 0:
+            drills.append(drill(f"Repeat {expr}.", expr, "copy_repeat"))
+        else:
+            terms = "\n".join(f"{t:+d}" if i else str(t) for i, t in enumerate(parse_terms(expr)))
+            drills.append(drill(f"List the terms of {expr}.", terms, "copy_terms"))
+    if len(drills) < count:
+        raise ValueError(f"only {len(drills)} of {count} drills found outside the held-out expressions")
+    return drills
+
+
+@torch.no_grad()
+def drill_exactness(model: Any, tokenizer: Any, drills: list[dict[str, Any]]) -> dict[str, float]:
+    """Per drill kind, the share of drills whose every answer token is the model's argmax
+    (teacher-forced): whether the copying itself was learnt at this length."""
+    rows = tokenize_conversations(drills, tokenizer, max_length=4096)
+    exact: dict[str, list[bool]] = {}
+    for ids, mask, kind in zip(rows["input_ids"], rows["assistant_masks"], rows["kind"], strict=True):
+        predicted = model(input_ids=torch.tensor([ids])).logits[0, :-1].argmax(-1)
+        scored = torch.tensor(mask[1:], dtype=torch.bool)
+        exact.setdefault(kind, []).append(bool((predicted[scored] == torch.tensor(ids[1:])[scored]).all()))
+    return {kind: round(sum(v) / len(v), 3) for kind, v in sorted(exact.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--drills", type=int, default=6000, help="copying conversations (0: the control)")
+    parser.add_argument("--drill-operators", type=int, nargs=2, default=[1, 23])
+    parser.add_argument(
+        "--drills-only",
+        action="store_true",
+        help="no arithmetic conversations: can copying be learnt at all?",
+    )
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--out", type=Path, required=True, help="the run's checkpoints and its final model")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--init", default="artifacts/init_model")
+    parser.add_argument("--data", type=Path, default=Path("data/arithmetic"))
+    parser.add_argument("--operators", type=int, nargs="+", default=[5, 7, 8, 10, 12, 14, 18])
+    parser.add_argument("--problems", type=int, default=48, help="per operator count")
+    args = parser.parse_args()
+    params = load_params(args.params)
+    warmup = dict(params["warmup"])
+    settings = warmup_settings(warmup, seed=params["seed"])
+    config = dataclasses.replace(settings.training, max_steps=args.steps)
+    run_fingerprint = fingerprint(
+        {"drills": args.drills, "drill_operators": args.drill_operators, "steps": args.steps}
+        | ({"drills_only": True} if args.drills_only else {})  # the runs before the flag keep theirs
+        | {"init": args.init, "warmup": warmup, "seed": params["seed"]}
+    )
+    final, final_marker = args.out / "model", args.out / "model" / "fingerprint.txt"
+    if final_marker.exists() and final_marker.read_text() == run_fingerprint:
+        tokenizer, model = load_tokenizer(final), load_model(final, dtype="float32")
+    else:
+        tokenizer, model = load_tokenizer(args.init), load_model(args.init, dtype="float32")
+        held_out = {r["expr"] for split in ("test", "ood") for r in read_jsonl(args.data / f"{split}.jsonl")}
+        conversations = build_warmup_conversations(
+            [] if args.drills_only else read_jsonl(args.data / "train.jsonl"),
+            [],
+            seed=params["seed"],
+            config=settings.teacher,
+            held_out_expressions=held_out,
+        )
+        conversations += drill_conversations(
+            params, args.drills, tuple(args.drill_operators), held_out, seed=params["seed"] + 1
+        )
+        random.Random(params["seed"]).shuffle(conversations)
+        metrics = run_warmup(
+            model,
+            tokenizer,
+            tokenize_conversations(conversations, tokenizer, config.max_length),
+            config,
+            run_dir=args.out / "run",  # a killed run resumes from its last checkpoint
+            run_fingerprint=run_fingerprint,
+            log_csv=args.out / "log.csv",
+        )
+        model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+        final_marker.write_text(run_fingerprint)
+        print(json.dumps({"drills": args.drills, **metrics}), flush=True)
+    model.eval()
+    generator, teacher = active_generator(params), probe_teacher(settings.teacher)
+    for num_operators in args.operators:
+        rng = random.Random(1000 + num_operators)  # copy_probe.py's default draw
+        conversations = probe_conversations(generator, teacher, num_operators, args.problems, rng)
+        drills = drill_conversations(
+            params, args.problems, (num_operators, num_operators), set(), seed=2000 + num_operators
+        )
+        result = copy_accuracy(model, tokenizer, conversations)
+        print(
+            json.dumps(
+                {"operators": num_operators, "drills": drill_exactness(model, tokenizer, drills), **result}
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""benchmarks/copy_drills.py: the drills copy their expression, avoid held-out ones, and are scored
+by the model's argmax."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from selfcest.teachers import parse_terms
+from selfcest.warmup import tokenize_conversations
+
+REPO = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("copy_drills", REPO / "benchmarks" / "copy_drills.py")
+copy_drills = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(copy_drills)
+
+PARAMS = {
+    "arithmetic": {
+        "profile": "tiny",
+        "profiles": {
+            "tiny": {"generator": {"operator_weights": {"+": 4, "-": 3, "*": 0}, "operand_digits": [1, 1]}}
+        },
+    }
+}
+
+
+def _expression(drill: dict) -> str:
+    return drill["messages"][1]["content"].removeprefix("Repeat ").removeprefix("List the terms of ")[:-1]
+
+
+def test_drills_copy_their_expression_at_the_asked_lengths() -> None:
+    drills = copy_drills.drill_conversations(PARAMS, 40, (11, 13), set(), seed=0)
+    assert len(drills) == 40
+    assert {d["kind"] for d in drills} == {"copy_repeat", "copy_terms"}
+    for drill in drills:
+        expr, answer = _expression(drill), drill["messages"][2]["content"]
+        terms = parse_terms(expr)
+        assert 12 <= len(terms) <= 14
+        if drill["kind"] == "copy_repeat":
+            assert answer == expr
+        else:
+            assert [int(line) for line in answer.split("\n")] == terms
+
+
+def test_held_out_expressions_are_never_drilled_and_a_shortage_is_an_error() -> None:
+    one_operator = {f"{a}{op}{b}" for a in range(10) for b in range(10) for op in "+-"}
+    held_out = set(sorted(one_operator)[:150])
+    drills = copy_drills.drill_conversations(PARAMS, 20, (1, 1), held_out, seed=0)
+    assert not {_expression(d) for d in drills} & held_out
+    with pytest.raises(ValueError, match="held-out"):
+        copy_drills.drill_conversations(PARAMS, 20, (1, 1), one_operator, seed=0)
+
+
+class _Oracle:
+    """Predicts each next token of the row, except at `wrong` positions."""
+
+    def __init__(self, vocab_size: int, wrong: set[int]) -> None:
+        self.vocab_size, self.wrong = vocab_size, wrong
+
+    def __call__(self, input_ids: torch.Tensor) -> SimpleNamespace:
+        ids = input_ids[0].tolist()
+        logits = torch.zeros(1, len(ids), self.vocab_size)
+        for t, nxt in enumerate(ids[1:]):
+            logits[0, t, (nxt + 1) % self.vocab_size if t + 1 in self.wrong else nxt] = 1.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_exactness_follows_the_argmax_of_the_answer_tokens(tiny_tokenizer) -> None:
+    drills = copy_drills.drill_conversations(PARAMS, 2, (5, 5), set(), seed=0)
+    vocab = len(tiny_tokenizer)
+    assert copy_drills.drill_exactness(_Oracle(vocab, set()), tiny_tokenizer, drills) == {
+        "copy_repeat": 1.0,
+        "copy_terms": 1.0,
+    }
+    row = tokenize_conversations(drills[:1], tiny_tokenizer, max_length=2048)[0]
+    answer_token = row["assistant_masks"].index(1) + 2
+    prompt_token = 3  # not scored: a wrong guess inside the prompt changes nothing
+    assert copy_drills.drill_exactness(
+        _Oracle(vocab, {answer_token, prompt_token}), tiny_tokenizer, drills
+    ) == {
+        "copy_repeat": 0.0,
+        "copy_terms": 1.0,
+    }
