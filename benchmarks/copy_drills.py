@@ -37,14 +37,12 @@ import torch  # noqa: E402
 
 from selfcest.checkpoints import fingerprint  # noqa: E402
 from selfcest.data.arithmetic import config_from_mapping, generate_expression  # noqa: E402
-from selfcest.model import load_model  # noqa: E402
 from selfcest.teachers import build_warmup_conversations, conversation, parse_terms  # noqa: E402
-from selfcest.tokenizer import load_tokenizer  # noqa: E402
-from selfcest.warmup import run_warmup, tokenize_conversations, warmup_settings  # noqa: E402
+from selfcest.warmup import tokenize_conversations, warmup_settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.copy_probe import copy_accuracy  # noqa: E402
-from benchmarks.probes import active_generator, probe_conversations, probe_teacher  # noqa: E402
+from benchmarks.probes import active_generator, probe_conversations, probe_teacher, trained_warmup  # noqa: E402
 from stages.common import load_params, read_jsonl  # noqa: E402
 
 DRILL_SYSTEM_PROMPT = "You copy the text you are given exactly."
@@ -121,36 +119,31 @@ def main() -> None:
         | ({"drills_only": True} if args.drills_only else {})  # the runs before the flag keep theirs
         | {"init": args.init, "warmup": warmup, "seed": params["seed"]}
     )
-    final, final_marker = args.out / "model", args.out / "model" / "fingerprint.txt"
-    if final_marker.exists() and final_marker.read_text() == run_fingerprint:
-        tokenizer, model = load_tokenizer(final), load_model(final, dtype="float32")
-    else:
-        tokenizer, model = load_tokenizer(args.init), load_model(args.init, dtype="float32")
+
+    def conversations() -> list[dict[str, Any]]:
         held_out = {r["expr"] for split in ("test", "ood") for r in read_jsonl(args.data / f"{split}.jsonl")}
-        conversations = build_warmup_conversations(
+        arithmetic = build_warmup_conversations(
             [] if args.drills_only else read_jsonl(args.data / "train.jsonl"),
             [],
             seed=params["seed"],
             config=settings.teacher,
             held_out_expressions=held_out,
         )
-        conversations += drill_conversations(
+        drills = drill_conversations(
             params, args.drills, tuple(args.drill_operators), held_out, seed=params["seed"] + 1
         )
-        random.Random(params["seed"]).shuffle(conversations)
-        metrics = run_warmup(
-            model,
-            tokenizer,
-            tokenize_conversations(conversations, tokenizer, config.max_length),
-            config,
-            run_dir=args.out / "run",  # a killed run resumes from its last checkpoint
-            run_fingerprint=run_fingerprint,
-            log_csv=args.out / "log.csv",
-        )
-        model.save_pretrained(final)
-        tokenizer.save_pretrained(final)
-        final_marker.write_text(run_fingerprint)
-        print(json.dumps({"drills": args.drills, **metrics}), flush=True)
+        every = arithmetic + drills
+        random.Random(params["seed"]).shuffle(every)
+        return every
+
+    tokenizer, model = trained_warmup(
+        args.out,
+        init=args.init,
+        run_fingerprint=run_fingerprint,
+        config=config,
+        conversations=conversations,
+        label={"drills": args.drills},
+    )
     model.eval()
     generator, teacher = active_generator(params), probe_teacher(settings.teacher)
     for num_operators in args.operators:

@@ -41,13 +41,11 @@ from datasets import Dataset  # noqa: E402
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # noqa: E402
 
 from selfcest.checkpoints import fingerprint  # noqa: E402
-from selfcest.model import load_model  # noqa: E402
 from selfcest.teachers import build_warmup_conversations  # noqa: E402
-from selfcest.tokenizer import load_tokenizer  # noqa: E402
-from selfcest.warmup import run_warmup, tokenize_conversations, warmup_settings  # noqa: E402
+from selfcest.warmup import tokenize_conversations, warmup_settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.probes import active_generator, probe_conversations, probe_teacher  # noqa: E402
+from benchmarks.probes import active_generator, probe_conversations, probe_teacher, trained_warmup  # noqa: E402
 from stages.common import load_params, read_jsonl  # noqa: E402
 
 
@@ -132,32 +130,19 @@ def main() -> None:
         {"scheme": args.scheme, "steps": args.steps, "init": args.init, "data": args.arithmetic}
         | {"warmup": warmup, "seed": params["seed"]}
     )
-    final, final_marker = args.out / "model", args.out / "model" / "fingerprint.txt"
-    if final_marker.exists() and final_marker.read_text() == run_fingerprint:
-        # The same training finished before: only measure (e.g. with other --eval-schemes).
-        tokenizer, model = load_tokenizer(final), load_model(final, dtype="float32")
-        print(json.dumps({"scheme": args.scheme, "trained_before": str(final)}), flush=True)
-    else:
-        tokenizer, model = load_tokenizer(args.init), load_model(args.init, dtype="float32")
-        conversations = build_warmup_conversations(
+    tokenizer, model = trained_warmup(
+        args.out,
+        init=args.init,
+        run_fingerprint=run_fingerprint,
+        config=config,
+        conversations=lambda: build_warmup_conversations(
             read_jsonl(args.arithmetic), [], seed=params["seed"], config=teacher
-        )
-        metrics = run_warmup(
-            model,
-            tokenizer,
-            tokenize_conversations(conversations, tokenizer, config.max_length),
-            config,
-            run_dir=args.out / "run",  # a killed run resumes from its last checkpoint
-            run_fingerprint=run_fingerprint,
-            log_csv=args.out / "log.csv",
-            data_collator=PositionIdsCollator(
-                tokenizer.pad_token_id, scheme=args.scheme, seed=params["seed"]
-            ),
-        )
-        model.save_pretrained(final)
-        tokenizer.save_pretrained(final)
-        final_marker.write_text(run_fingerprint)
-        print(json.dumps({"scheme": args.scheme, **metrics}), flush=True)
+        ),
+        data_collator=lambda tokenizer: PositionIdsCollator(
+            tokenizer.pad_token_id, scheme=args.scheme, seed=params["seed"]
+        ),
+        label={"scheme": args.scheme},
+    )
     model.eval()
     generator, teacher = active_generator(params), probe_teacher(teacher)
     for num_operators in args.operators:

@@ -1,15 +1,21 @@
 """Fresh arithmetic for the length benchmarks: the active profile's generator, and the teacher
-conversations whose length limit is in question. No test split is read."""
+conversations whose length limit is in question (no test split is read); and the arithmetic-only
+warm-ups that some of them train. Import after `pin_cpu_kernels()`: this module imports torch."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from selfcest.data.arithmetic import ArithmeticConfig, config_from_mapping, generate_expression
+from selfcest.model import load_model
 from selfcest.teachers import TeacherConfig, arithmetic_conversations
+from selfcest.tokenizer import load_tokenizer
+from selfcest.warmup import WarmupConfig, run_warmup, tokenize_conversations
 
 PROBED_KINDS = ("arith_mono", "arith_root_delegate")
 
@@ -37,3 +43,40 @@ def probe_conversations(
             c for c in arithmetic_conversations(expr, rng, teacher) if c["kind"] in PROBED_KINDS
         ]
     return conversations
+
+
+def trained_warmup(
+    out: Path,
+    *,
+    init: str,
+    run_fingerprint: str,
+    config: WarmupConfig,
+    conversations: Callable[[], list[dict[str, Any]]],
+    data_collator: Callable[[Any], Any] | None = None,
+    label: Mapping[str, Any] | None = None,
+) -> tuple[Any, Any]:
+    """The tokenizer and fp32 model of a benchmark's warm-up, in `out/model`: loaded when a run with
+    the same `run_fingerprint` finished there before (so a run can be measured again without
+    training), else trained from `init` on `conversations()` and saved. A killed run resumes from
+    its last checkpoint in `out/run`. `data_collator` builds the collator from the tokenizer. Prints
+    one JSON line: `label` with the run's final metrics, or with where the finished model was."""
+    final, final_marker = out / "model", out / "model" / "fingerprint.txt"
+    if final_marker.exists() and final_marker.read_text() == run_fingerprint:
+        print(json.dumps({**(label or {}), "trained_before": str(final)}), flush=True)
+        return load_tokenizer(final), load_model(final, dtype="float32")
+    tokenizer, model = load_tokenizer(init), load_model(init, dtype="float32")
+    metrics = run_warmup(
+        model,
+        tokenizer,
+        tokenize_conversations(conversations(), tokenizer, config.max_length),
+        config,
+        run_dir=out / "run",
+        run_fingerprint=run_fingerprint,
+        log_csv=out / "log.csv",
+        data_collator=data_collator(tokenizer) if data_collator else None,
+    )
+    model.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    final_marker.write_text(run_fingerprint)
+    print(json.dumps({**(label or {}), **metrics}), flush=True)
+    return tokenizer, model

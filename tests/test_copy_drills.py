@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
+from oracles import ArgmaxOracle
 
 from selfcest.teachers import parse_terms
 from selfcest.warmup import tokenize_conversations
@@ -55,24 +55,10 @@ def test_held_out_expressions_are_never_drilled_and_a_shortage_is_an_error() -> 
         copy_drills.drill_conversations(PARAMS, 20, (1, 1), one_operator, seed=0)
 
 
-class _Oracle:
-    """Predicts each next token of the row, except at `wrong` positions."""
-
-    def __init__(self, vocab_size: int, wrong: set[int]) -> None:
-        self.vocab_size, self.wrong = vocab_size, wrong
-
-    def __call__(self, input_ids: torch.Tensor) -> SimpleNamespace:
-        ids = input_ids[0].tolist()
-        logits = torch.zeros(1, len(ids), self.vocab_size)
-        for t, nxt in enumerate(ids[1:]):
-            logits[0, t, (nxt + 1) % self.vocab_size if t + 1 in self.wrong else nxt] = 1.0
-        return SimpleNamespace(logits=logits)
-
-
 def test_exactness_follows_the_argmax_of_the_answer_tokens(tiny_tokenizer) -> None:
     drills = copy_drills.drill_conversations(PARAMS, 2, (5, 5), set(), seed=0)
     vocab = len(tiny_tokenizer)
-    assert copy_drills.drill_exactness(_Oracle(vocab, set()), tiny_tokenizer, drills) == {
+    assert copy_drills.drill_exactness(ArgmaxOracle(vocab, set()), tiny_tokenizer, drills) == {
         "copy_repeat": 1.0,
         "copy_terms": 1.0,
     }
@@ -80,8 +66,39 @@ def test_exactness_follows_the_argmax_of_the_answer_tokens(tiny_tokenizer) -> No
     answer_token = row["assistant_masks"].index(1) + 2
     prompt_token = 3  # not scored: a wrong guess inside the prompt changes nothing
     assert copy_drills.drill_exactness(
-        _Oracle(vocab, {answer_token, prompt_token}), tiny_tokenizer, drills
+        ArgmaxOracle(vocab, {answer_token, prompt_token}), tiny_tokenizer, drills
     ) == {
         "copy_repeat": 0.0,
         "copy_terms": 1.0,
     }
+
+
+def test_a_finished_warmup_is_loaded_again_and_another_fingerprint_retrains(
+    tiny_checkpoint, tmp_path, capsys
+) -> None:
+    from selfcest.warmup import WarmupConfig
+
+    config = WarmupConfig(max_steps=2, batch_size=2, logging_steps=1, save_steps=100)
+    built: list[int] = []
+
+    def conversations() -> list[dict]:
+        built.append(1)
+        return copy_drills.drill_conversations(PARAMS, 8, (2, 3), set(), seed=0)
+
+    def run(fingerprint: str):
+        return copy_drills.trained_warmup(  # benchmarks/probes.py's, as the script imports it
+            tmp_path, init=str(tiny_checkpoint), run_fingerprint=fingerprint, config=config,
+            conversations=conversations, label={"run": fingerprint},
+        )  # fmt: skip
+
+    _, trained = run("a")
+    assert built == [1] and (tmp_path / "model" / "fingerprint.txt").read_text() == "a"
+    _, loaded = run("a")
+    assert built == [1]  # measured again without training
+    for (name, weight), (_, again) in zip(
+        trained.state_dict().items(), loaded.state_dict().items(), strict=True
+    ):
+        assert torch.equal(weight, again), name
+    assert '"trained_before"' in capsys.readouterr().out.splitlines()[-1]
+    run("b")
+    assert built == [1, 1] and (tmp_path / "model" / "fingerprint.txt").read_text() == "b"

@@ -5,9 +5,8 @@ from __future__ import annotations
 import importlib.util
 import random
 from pathlib import Path
-from types import SimpleNamespace
 
-import torch
+from oracles import ArgmaxOracle
 
 from selfcest.teachers import TeacherConfig, arithmetic_root_conversation, solve_text
 from selfcest.warmup import tokenize_conversations
@@ -40,24 +39,10 @@ def test_monolithic_spans_are_each_step_lines_term() -> None:
     assert [int(turn[start:end]) for start, end, _ in spans] == TERMS[1:]
 
 
-class _Oracle:
-    """Predicts each next token of the row it is given, except at `wrong` positions."""
-
-    def __init__(self, vocab_size: int, wrong: set[int]) -> None:
-        self.vocab_size, self.wrong = vocab_size, wrong
-
-    def __call__(self, input_ids: torch.Tensor) -> SimpleNamespace:
-        ids = input_ids[0].tolist()
-        logits = torch.zeros(1, len(ids), self.vocab_size)
-        for t, nxt in enumerate(ids[1:]):
-            logits[0, t, (nxt + 1) % self.vocab_size if t + 1 in self.wrong else nxt] = 1.0
-        return SimpleNamespace(logits=logits)
-
-
 def test_scores_follow_the_argmax_term_by_term(tiny_tokenizer) -> None:
     conversation = _root_conversation()
     vocab = len(tiny_tokenizer)
-    perfect = copy_probe.copy_accuracy(_Oracle(vocab, set()), tiny_tokenizer, [conversation])
+    perfect = copy_probe.copy_accuracy(ArgmaxOracle(vocab, set()), tiny_tokenizer, [conversation])
     assert perfect["root"] == dict.fromkeys(range(len(TERMS)), 1.0)
     # Break one token of the third term (the `5`): only index 2 drops.
     row = tokenize_conversations([conversation], tiny_tokenizer, max_length=2048)[0]
@@ -71,5 +56,5 @@ def test_scores_follow_the_argmax_term_by_term(tiny_tokenizer) -> None:
         for t in range(first, len(ids))
         if len(tiny_tokenizer.decode(ids[: t + 1], skip_special_tokens=False)) > offset + start
     )
-    broken = copy_probe.copy_accuracy(_Oracle(vocab, {position}), tiny_tokenizer, [conversation])
+    broken = copy_probe.copy_accuracy(ArgmaxOracle(vocab, {position}), tiny_tokenizer, [conversation])
     assert broken["root"] == {**dict.fromkeys(range(len(TERMS)), 1.0), 2: 0.0}
