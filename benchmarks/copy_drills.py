@@ -33,28 +33,21 @@ from selfcest.determinism import pin_cpu_kernels
 
 pin_cpu_kernels()  # before torch is imported: the pipeline's CPU kernels (selfcest/determinism.py)
 
-import torch  # noqa: E402
 
 from selfcest.checkpoints import fingerprint  # noqa: E402
 from selfcest.data.arithmetic import config_from_mapping, generate_expression  # noqa: E402
-from selfcest.teachers import build_warmup_conversations, conversation, parse_terms  # noqa: E402
+
+# `_solo`: the teachers' one-turn conversation (system prompt, question, answer), as the warm-up builds them.
+from selfcest.teachers import _solo, build_warmup_conversations, parse_terms  # noqa: E402
 from selfcest.warmup import tokenize_conversations, warmup_settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.copy_probe import copy_accuracy  # noqa: E402
+from benchmarks.position_ids import teacher_forced_exactness  # noqa: E402
 from benchmarks.probes import active_generator, probe_conversations, probe_teacher, trained_warmup  # noqa: E402
 from stages.common import load_params, read_jsonl  # noqa: E402
 
 DRILL_SYSTEM_PROMPT = "You copy the text you are given exactly."
-
-
-def drill(question: str, answer: str, kind: str) -> dict[str, Any]:
-    messages = [
-        {"role": "system", "content": DRILL_SYSTEM_PROMPT},
-        {"role": "user", "content": question},
-        {"role": "assistant", "content": answer},
-    ]
-    return conversation(messages, tools=False, kind=kind)
 
 
 def drill_conversations(
@@ -71,26 +64,13 @@ def drill_conversations(
         if expr in held_out:
             continue
         if len(drills) % 2 == 0:
-            drills.append(drill(f"Repeat {expr}.", expr, "copy_repeat"))
+            drills.append(_solo(DRILL_SYSTEM_PROMPT, f"Repeat {expr}.", expr, "copy_repeat"))
         else:
             terms = "\n".join(f"{t:+d}" if i else str(t) for i, t in enumerate(parse_terms(expr)))
-            drills.append(drill(f"List the terms of {expr}.", terms, "copy_terms"))
+            drills.append(_solo(DRILL_SYSTEM_PROMPT, f"List the terms of {expr}.", terms, "copy_terms"))
     if len(drills) < count:
         raise ValueError(f"only {len(drills)} of {count} drills found outside the held-out expressions")
     return drills
-
-
-@torch.no_grad()
-def drill_exactness(model: Any, tokenizer: Any, drills: list[dict[str, Any]]) -> dict[str, float]:
-    """Per drill kind, the share of drills whose every answer token is the model's argmax
-    (teacher-forced): whether the copying itself was learnt at this length."""
-    rows = tokenize_conversations(drills, tokenizer, max_length=4096)
-    exact: dict[str, list[bool]] = {}
-    for ids, mask, kind in zip(rows["input_ids"], rows["assistant_masks"], rows["kind"], strict=True):
-        predicted = model(input_ids=torch.tensor([ids])).logits[0, :-1].argmax(-1)
-        scored = torch.tensor(mask[1:], dtype=torch.bool)
-        exact.setdefault(kind, []).append(bool((predicted[scored] == torch.tensor(ids[1:])[scored]).all()))
-    return {kind: round(sum(v) / len(v), 3) for kind, v in sorted(exact.items())}
 
 
 def main() -> None:
@@ -116,7 +96,7 @@ def main() -> None:
     config = dataclasses.replace(settings.training, max_steps=args.steps)
     run_fingerprint = fingerprint(
         {"drills": args.drills, "drill_operators": args.drill_operators, "steps": args.steps}
-        | ({"drills_only": True} if args.drills_only else {})  # the runs before the flag keep theirs
+        | {"drills_only": args.drills_only}
         | {"init": args.init, "warmup": warmup, "seed": params["seed"]}
     )
 
@@ -152,13 +132,12 @@ def main() -> None:
         drills = drill_conversations(
             params, args.problems, (num_operators, num_operators), set(), seed=2000 + num_operators
         )
-        result = copy_accuracy(model, tokenizer, conversations)
-        print(
-            json.dumps(
-                {"operators": num_operators, "drills": drill_exactness(model, tokenizer, drills), **result}
-            ),
-            flush=True,
+        # Every answer token the model's argmax, per drill kind: was the copying itself learnt here?
+        exact = teacher_forced_exactness(
+            model, tokenize_conversations(drills, tokenizer, max_length=4096), "contiguous"
         )
+        result = copy_accuracy(model, tokenizer, conversations)
+        print(json.dumps({"operators": num_operators, "drills": exact, **result}), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -14,7 +15,8 @@ class ArgmaxOracle:
     def __init__(self, vocab_size: int, wrong: set[int]) -> None:
         self.vocab_size, self.wrong = vocab_size, wrong
 
-    def __call__(self, input_ids: torch.Tensor) -> SimpleNamespace:
+    def __call__(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
+        # Attention masks and position ids change nothing for an oracle.
         ids = input_ids[0].tolist()
         logits = torch.zeros(1, len(ids), self.vocab_size)
         for t, nxt in enumerate(ids[1:]):

@@ -57,17 +57,20 @@ def test_held_out_expressions_are_never_drilled_and_a_shortage_is_an_error() -> 
 
 def test_exactness_follows_the_argmax_of_the_answer_tokens(tiny_tokenizer) -> None:
     drills = copy_drills.drill_conversations(PARAMS, 2, (5, 5), set(), seed=0)
+    rows = tokenize_conversations(drills, tiny_tokenizer, max_length=2048)
     vocab = len(tiny_tokenizer)
-    assert copy_drills.drill_exactness(ArgmaxOracle(vocab, set()), tiny_tokenizer, drills) == {
+
+    def exactness(wrong: set[int]) -> dict[str, float]:
+        # The measure the script prints for its drills (position_ids.py's, contiguous positions).
+        return copy_drills.teacher_forced_exactness(ArgmaxOracle(vocab, wrong), rows, "contiguous")
+
+    assert exactness(set()) == {
         "copy_repeat": 1.0,
         "copy_terms": 1.0,
     }
-    row = tokenize_conversations(drills[:1], tiny_tokenizer, max_length=2048)[0]
-    answer_token = row["assistant_masks"].index(1) + 2
+    answer_token = rows[0]["assistant_masks"].index(1) + 2
     prompt_token = 3  # not scored: a wrong guess inside the prompt changes nothing
-    assert copy_drills.drill_exactness(
-        ArgmaxOracle(vocab, {answer_token, prompt_token}), tiny_tokenizer, drills
-    ) == {
+    assert exactness({answer_token, prompt_token}) == {
         "copy_repeat": 0.0,
         "copy_terms": 1.0,
     }
