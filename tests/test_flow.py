@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,20 @@ def test_stage_order_follows_dependencies(dvc_repo: Path) -> None:
     assert stage_order(dvc_repo, ["first"]) == ["first"]
 
 
+@pytest.fixture
+def prefect_api() -> Iterator[None]:
+    """Prefect's temporary API server for this test only. Flows otherwise start an ephemeral server
+    that stops at interpreter exit, after pytest has closed the streams its log handler writes to
+    ("Logging error ... I/O operation on closed file" at the end of every run)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    # None: wait up to PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS (90 s, conftest.py), not 30.
+    with prefect_test_harness(server_startup_timeout=None):
+        yield
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
 def test_flow_runs_stages_and_dvc_skips_unchanged(dvc_repo: Path) -> None:
     outputs = pipeline(repo_dir=str(dvc_repo))
     assert (dvc_repo / "b.txt").read_text() == "1b"
