@@ -17,9 +17,6 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_BENCHMARKS = REPO_ROOT.parent / "shared" / "data" / "benchmarks"
-
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from benchmark_paths import BENCHMARKS
 
 from selfcest.data.qa import (
     NAMES,
@@ -23,9 +24,7 @@ from selfcest.data.qa import (
     type_guess_accuracy,
 )
 
-BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
-if not BENCH.exists():  # the checkout may live elsewhere; the shared dir has a fixed home
-    BENCH = Path("/work/shared/data/benchmarks")
+BENCH = BENCHMARKS
 WIKI = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
 WIKI_KAG = BENCH / "2wikimultihopqa" / "kag_2wiki_qa_sub.json"
 MUSIQUE = BENCH / "musique" / "kag_musique_qa_100.json"

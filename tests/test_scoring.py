@@ -1,6 +1,6 @@
 """Scorers: answer extraction, arithmetic exact match, SQuAD EM/F1, math-verify equivalence.
 
-The math and QA checks run on the real benchmark records in /work/shared/data/benchmarks.
+The math and QA checks run on the real benchmark records (`benchmark_paths.py` finds them).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from benchmark_paths import BENCHMARKS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,9 +27,6 @@ from selfcest.scoring import (
     qa_f1,
     score_arithmetic,
 )
-
-BENCHMARKS = Path("/work/shared/data/benchmarks")
-needs_benchmarks = pytest.mark.skipif(not BENCHMARKS.is_dir(), reason="shared benchmark samples not present")
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -143,7 +141,6 @@ def test_qa_requires_a_gold() -> None:
         qa_f1("x", [])
 
 
-@needs_benchmarks
 def test_qa_real_records_match_themselves() -> None:
     musique = json.loads((BENCHMARKS / "musique" / "kag_musique_qa_100.json").read_text())
     for record in musique:
@@ -191,7 +188,6 @@ def test_last_boxed_is_bounded() -> None:
 # --------------------------------------------------------------------------- math
 
 
-@needs_benchmarks
 def test_aime_answers_verify_and_perturbations_do_not() -> None:
     records = _jsonl(BENCHMARKS / "aime" / "aime24_test.jsonl") + _jsonl(
         BENCHMARKS / "aime" / "aime25_test.jsonl"
@@ -216,7 +212,6 @@ def _perturb_first_digit(answer: str) -> str | None:
 _KNOWN_NUMERIC_TIES = {"\\frac{1}{2004!}"}
 
 
-@needs_benchmarks
 def test_math_hard_answers_verify_and_perturbations_do_not() -> None:
     records = _jsonl(BENCHMARKS / "math" / "math_hard_level5_test.jsonl")
     assert len(records) == 1324

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from benchmark_paths import BENCHMARKS
 
 from selfcest.data.qa import generate_synthetic, load_2wiki, load_musique
 from selfcest.data.validation import QAValidationError, flatten, schema_errors, validate_records
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT.parent / "shared" / "data" / "benchmarks"
-if not BENCH.exists():
-    BENCH = Path("/work/shared/data/benchmarks")
+BENCH = BENCHMARKS
 WIKI = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
 WIKI_KAG = BENCH / "2wikimultihopqa" / "kag_2wiki_qa_sub.json"
 MUSIQUE = BENCH / "musique" / "kag_musique_qa_100.json"
