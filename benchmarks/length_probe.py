@@ -13,6 +13,13 @@ Fresh expressions from the active arithmetic profile's generator in `params.yaml
   back the expression exactly (no term lost, repeated or altered), which is what a root must do
   before any clone can help. Defined for sums and differences, the only expressions the warm-up
   teaches roots to chunk.
+- `oracle_spawn_accuracy` (with `--oracle-spawn`): the same delegating episodes, except that every
+  root's first turn is the warm-up teacher's spawn call for its expression (`teachers.
+  arithmetic_root_conversation`, always delegating, its chunk sizes and budgets; sizes that would
+  need more clones than `runtime.max_clones_per_call` are left out at that length) instead of the
+  model's. The clones, any reduction turns and the final answer are the model's own, so this is what
+  the rest of the tree does at each length when the root's copy of the prompt is right: the part of
+  delegation that the copy look-up does not limit. A diagnostic, never a method: no eval cell runs it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import argparse
 import json
 import random
 import sys
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from selfcest.determinism import pin_cpu_kernels
@@ -30,7 +39,13 @@ pin_cpu_kernels()  # before torch is imported: the pipeline's CPU kernels (selfc
 import torch  # noqa: E402
 
 from selfcest.data.arithmetic import ArithmeticConfig, config_from_mapping, generate_expression  # noqa: E402
-from selfcest.engine import TransformersEngine  # noqa: E402
+from selfcest.engine import (  # noqa: E402
+    GenerationEngine,
+    GenerationRequest,
+    GenerationResult,
+    SamplingConfig,
+    TransformersEngine,
+)
 from selfcest.evaluation import (  # noqa: E402
     Evaluator,
     MethodSpec,
@@ -40,8 +55,10 @@ from selfcest.evaluation import (  # noqa: E402
     runtime_config_from_params,
 )
 from selfcest.model import load_model  # noqa: E402
-from selfcest.prompts import arithmetic_question  # noqa: E402
-from selfcest.tokenizer import load_tokenizer  # noqa: E402
+from selfcest.prompts import ROOT_SYSTEM_PROMPT, arithmetic_question  # noqa: E402
+from selfcest.scripted import ScriptedEngine  # noqa: E402
+from selfcest.teachers import TeacherConfig, arithmetic_root_conversation, parse_terms  # noqa: E402
+from selfcest.tokenizer import IM_START, load_tokenizer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.probes import active_generator  # noqa: E402
@@ -78,6 +95,51 @@ def first_spawn_is_exact(result: ProblemResult, expr: str) -> bool | None:
     return joined in (expr, f"+{expr}")
 
 
+def _question_expr(prompt: str) -> str:
+    """The expression of the last arithmetic question in a decoded prompt."""
+    prefix, suffix = arithmetic_question("\0").split("\0")
+    return prompt[prompt.rindex(prefix) + len(prefix) :].split(suffix)[0]
+
+
+class OracleFirstSpawnEngine:
+    """`engine`, except that a root's first turn is the warm-up teacher's spawn call (`--oracle-spawn`).
+
+    A root's first turn is a prompt with the root's system prompt and no assistant turn before the one
+    it opens; those requests are answered by a `ScriptedEngine` (tokenised like a model that stopped on
+    its own), every other request (clones, the root's later turns) by `engine`, in the same call."""
+
+    def __init__(self, engine: GenerationEngine, teacher_seed: int, max_clones_per_call: int) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        teacher = TeacherConfig()
+
+        def teacher_spawn(prompt: str) -> str:
+            terms = parse_terms(_question_expr(prompt))
+            # Always delegate, in the teacher's chunk sizes that the runtime's clone limit allows for
+            # this length (the warm-up's expressions never needed more than four clones).
+            sizes = tuple(s for s in teacher.chunk_sizes if -(-len(terms) // s) <= max_clones_per_call)
+            config = replace(teacher, direct_root_fraction=0.0, chunk_sizes=sizes)
+            # One draw per expression, so the chunking does not depend on batch order.
+            rng = random.Random(f"{teacher_seed}:{terms}")
+            messages = arithmetic_root_conversation(terms, rng, config)["messages"]
+            return next(m["content"] for m in messages if m["role"] == "assistant")
+
+        self.oracle = ScriptedEngine(engine.tokenizer, teacher_spawn)
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
+    ) -> list[GenerationResult]:
+        first_turns, others = [], []
+        for request in requests:
+            prompt = self.tokenizer.decode(request.prompt_ids, skip_special_tokens=False)
+            first = ROOT_SYSTEM_PROMPT in prompt and prompt.count(f"{IM_START}assistant") == 1
+            (first_turns if first else others).append(request)
+        scripted = iter(self.oracle.generate(first_turns, sampling) if first_turns else [])
+        generated = iter(self.engine.generate(others, sampling) if others else [])
+        first_ids = {id(request) for request in first_turns}
+        return [next(scripted) if id(request) in first_ids else next(generated) for request in requests]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint")
@@ -89,13 +151,23 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=512, help="tree-wide generated-token budget")
     parser.add_argument("--seed", type=int, default=12345, help="draw of the probe expressions")
     parser.add_argument("--device", default="cpu", help="where the checkpoint runs (cpu, cuda)")
+    parser.add_argument(
+        "--oracle-spawn",
+        action="store_true",
+        help="also run delegation with the teacher's first spawn in place of the root's (a diagnostic)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     params = load_params(Path(args.params))
     generator = active_generator(params)
     tokenizer, model = load_tokenizer(args.checkpoint), load_model(args.checkpoint, device=args.device).eval()
-    evaluator = Evaluator(
-        TransformersEngine(model, tokenizer, max_batch_size=64), runtime_config_from_params(params["runtime"])
+    engine = TransformersEngine(model, tokenizer, max_batch_size=64)
+    runtime = runtime_config_from_params(params["runtime"])
+    evaluator = Evaluator(engine, runtime)
+    oracle = (
+        Evaluator(OracleFirstSpawnEngine(engine, args.seed, runtime.max_clones_per_call), runtime)
+        if args.oracle_spawn
+        else None
     )
     for num_operators in args.operators:
         # One draw per length, so a length's problems do not depend on which others are listed.
@@ -110,19 +182,18 @@ def main() -> None:
         ]
         spawned = [flag for flag in exact if flag is not None]
         count = len(problems)
-        print(
-            json.dumps(
-                {
-                    "operators": num_operators,
-                    "problems": count,
-                    "monolithic_accuracy": round(sum(r.correct for r in monolithic) / count, 3),
-                    "delegate_accuracy": round(sum(r.correct for r in delegate) / count, 3),
-                    "delegation_rate": round(len(spawned) / count, 3),
-                    "exact_chunks": round(sum(spawned) / len(spawned), 3) if spawned else None,
-                }
-            ),
-            flush=True,
-        )
+        line = {
+            "operators": num_operators,
+            "problems": count,
+            "monolithic_accuracy": round(sum(r.correct for r in monolithic) / count, 3),
+            "delegate_accuracy": round(sum(r.correct for r in delegate) / count, 3),
+            "delegation_rate": round(len(spawned) / count, 3),
+            "exact_chunks": round(sum(spawned) / len(spawned), 3) if spawned else None,
+        }
+        if oracle is not None:
+            forced, _ = oracle.run(MethodSpec("delegate", mode="delegate"), problems, args.budget)
+            line["oracle_spawn_accuracy"] = round(sum(r.correct for r in forced) / count, 3)
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""benchmarks/length_probe.py --oracle-spawn: the teacher writes each root's first turn, the model the rest."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import re
+from pathlib import Path
+
+from selfcest.evaluation import Evaluator, MethodSpec, problem_from_record
+from selfcest.prompts import CLONE_SYSTEM_PROMPT
+from selfcest.runtime import RuntimeConfig
+from selfcest.scripted import ScriptedEngine
+from selfcest.teachers import format_terms, parse_terms, solve_text
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "length_probe.py"
+spec = importlib.util.spec_from_file_location("length_probe", SCRIPT)
+length_probe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(length_probe)
+
+_RESULT_LINE = re.compile(r"turn\d+_clone\d+: (-?\d+)")
+
+
+def _model(prompt: str) -> str:
+    """Stands in for the checkpoint: clones solve their chunk, a root adds up the clones' answers.
+    A root's first turn must never reach it (that turn is the teacher's)."""
+    if CLONE_SYSTEM_PROMPT in prompt:
+        return solve_text(parse_terms(length_probe._question_expr(prompt)))
+    partials = [int(value) for value in _RESULT_LINE.findall(prompt)]
+    assert partials, "a root's first turn reached the model"
+    return solve_text(partials)
+
+
+def test_oracle_spawn_hands_the_expression_to_clones_and_leaves_the_rest_to_the_model(tiny_tokenizer) -> None:
+    rng = random.Random(3)
+    runtime = RuntimeConfig(max_clones_per_call=8)
+    inner = ScriptedEngine(tiny_tokenizer, _model)
+    evaluator = Evaluator(length_probe.OracleFirstSpawnEngine(inner, 7, runtime.max_clones_per_call), runtime)
+    exprs = [format_terms([rng.choice([-1, 1]) * rng.randint(1, 9) for _ in range(n)]) for n in (4, 12, 20)]
+    problems = [
+        problem_from_record("arithmetic", {"id": f"p{i}", "expr": e, "answer": sum(parse_terms(e))})
+        for i, e in enumerate(exprs)
+    ]
+    results, _ = evaluator.run(MethodSpec("delegate", mode="delegate"), problems, 1024)
+    for expr, result in zip(exprs, results, strict=True):
+        # The first spawn rebuilds the expression, within the clone limit even at 19 operators
+        # (chunks of 2 would need 10 clones there), and the model's own turns finish the sum.
+        assert length_probe.first_spawn_is_exact(result, expr) is True
+        clones = [a for a in result.episodes[0].agents if a.role != "root" and a.spawn_turn == 1]
+        assert len(clones) <= runtime.max_clones_per_call
+        assert result.correct, expr
+    # Every request the model saw was a clone's or a root's later turn (`_model` asserts it), and the
+    # teacher's chunking is one draw per expression: the same again in another batch.
+    again, _ = evaluator.run(MethodSpec("delegate", mode="delegate"), problems[::-1], 1024)
+    tasks = [[a.task for a in r.episodes[0].agents if a.role != "root"] for r in results]
+    assert [[a.task for a in r.episodes[0].agents if a.role != "root"] for r in again[::-1]] == tasks
