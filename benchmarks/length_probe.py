@@ -19,7 +19,8 @@ Fresh expressions from the active arithmetic profile's generator in `params.yaml
   need more clones than `runtime.max_clones_per_call` are left out at that length) instead of the
   model's. The clones, any reduction turns and the final answer are the model's own, so this is what
   the rest of the tree does at each length when the root's copy of the prompt is right: the part of
-  delegation that the copy look-up does not limit. A diagnostic, never a method: no eval cell runs it.
+  delegation that the copy look-up does not limit. `oracle_clones_right`: the share of those first
+  clones that answer their chunk's sum. A diagnostic, never a method: no eval cell runs it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from selfcest.evaluation import (  # noqa: E402
 )
 from selfcest.model import load_model  # noqa: E402
 from selfcest.prompts import ROOT_SYSTEM_PROMPT, arithmetic_question  # noqa: E402
+from selfcest.runtime import AgentRecord  # noqa: E402
 from selfcest.scripted import ScriptedEngine  # noqa: E402
 from selfcest.teachers import TeacherConfig, arithmetic_root_conversation, parse_terms  # noqa: E402
 from selfcest.tokenizer import IM_START, load_tokenizer  # noqa: E402
@@ -99,6 +101,13 @@ def _question_expr(prompt: str) -> str:
     """The expression of the last arithmetic question in a decoded prompt."""
     prefix, suffix = arithmetic_question("\0").split("\0")
     return prompt[prompt.rindex(prefix) + len(prefix) :].split(suffix)[0]
+
+
+def _clone_is_right(agent: AgentRecord) -> bool:
+    """Whether a clone answered its chunk's sum (its task is a teacher-written arithmetic question)."""
+    return agent.answer is not None and agent.answer.strip() == str(
+        sum(parse_terms(_question_expr(agent.task)))
+    )
 
 
 class OracleFirstSpawnEngine:
@@ -193,6 +202,15 @@ def main() -> None:
         if oracle is not None:
             forced, _ = oracle.run(MethodSpec("delegate", mode="delegate"), problems, args.budget)
             line["oracle_spawn_accuracy"] = round(sum(r.correct for r in forced) / count, 3)
+            first_clones = [
+                agent
+                for result in forced
+                for agent in result.episodes[0].agents
+                if agent.role != "root" and agent.spawn_turn == 1
+            ]
+            line["oracle_clones_right"] = round(
+                sum(_clone_is_right(agent) for agent in first_clones) / max(1, len(first_clones)), 3
+            )
         print(json.dumps(line), flush=True)
 
 

@@ -49,6 +49,7 @@ def test_oracle_spawn_hands_the_expression_to_clones_and_leaves_the_rest_to_the_
         clones = [a for a in result.episodes[0].agents if a.role != "root" and a.spawn_turn == 1]
         assert len(clones) <= runtime.max_clones_per_call
         assert result.correct, expr
+        assert all(length_probe._clone_is_right(clone) for clone in clones)
     # Every request the model saw was a clone's or a root's later turn (`_model` asserts it), and the
     # teacher's chunking is one draw per expression: the same again in another batch.
     again, _ = evaluator.run(MethodSpec("delegate", mode="delegate"), problems[::-1], 1024)
