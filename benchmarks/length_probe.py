@@ -127,6 +127,11 @@ class OracleFirstSpawnEngine:
             # Always delegate, in the teacher's chunk sizes that the runtime's clone limit allows for
             # this length (the warm-up's expressions never needed more than four clones).
             sizes = tuple(s for s in teacher.chunk_sizes if -(-len(terms) // s) <= max_clones_per_call)
+            if not sizes:
+                raise ValueError(
+                    f"{len(terms)} terms need more than {max_clones_per_call} clones in the teacher's "
+                    f"largest chunks ({max(teacher.chunk_sizes)} terms)"
+                )
             config = replace(teacher, direct_root_fraction=0.0, chunk_sizes=sizes)
             # One draw per expression, so the chunking does not depend on batch order.
             rng = random.Random(f"{teacher_seed}:{terms}")
