@@ -79,15 +79,18 @@ def probe_problems(
     return problems
 
 
+# "Calculate the value of " and ".": what a question puts around its expression.
+QUESTION_PREFIX, QUESTION_SUFFIX = arithmetic_question("\0").split("\0")
+
+
 def first_spawn_is_exact(result: ProblemResult, expr: str) -> bool | None:
     """None when the root never spawned; else whether its first spawn's tasks rebuild `expr`."""
     clones = [agent for agent in result.episodes[0].agents if agent.role != "root"]
     if not clones:
         return None
     first_turn = min(agent.spawn_turn for agent in clones)
-    prefix, suffix = arithmetic_question("\0").split("\0")
     chunks = [
-        agent.task.removeprefix(prefix).removesuffix(suffix)
+        agent.task.removeprefix(QUESTION_PREFIX).removesuffix(QUESTION_SUFFIX)
         for agent in clones
         if agent.spawn_turn == first_turn
     ]
@@ -99,8 +102,7 @@ def first_spawn_is_exact(result: ProblemResult, expr: str) -> bool | None:
 
 def _question_expr(prompt: str) -> str:
     """The expression of the last arithmetic question in a decoded prompt."""
-    prefix, suffix = arithmetic_question("\0").split("\0")
-    return prompt[prompt.rindex(prefix) + len(prefix) :].split(suffix)[0]
+    return prompt[prompt.rindex(QUESTION_PREFIX) + len(QUESTION_PREFIX) :].split(QUESTION_SUFFIX)[0]
 
 
 def _clone_is_right(agent: AgentRecord) -> bool:
@@ -143,15 +145,13 @@ class OracleFirstSpawnEngine:
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
     ) -> list[GenerationResult]:
-        first_turns, others = [], []
-        for request in requests:
-            prompt = self.tokenizer.decode(request.prompt_ids, skip_special_tokens=False)
-            first = ROOT_SYSTEM_PROMPT in prompt and prompt.count(f"{IM_START}assistant") == 1
-            (first_turns if first else others).append(request)
+        prompts = [self.tokenizer.decode(r.prompt_ids, skip_special_tokens=False) for r in requests]
+        is_first = [ROOT_SYSTEM_PROMPT in p and p.count(f"{IM_START}assistant") == 1 for p in prompts]
+        first_turns = [r for r, first in zip(requests, is_first, strict=True) if first]
+        others = [r for r, first in zip(requests, is_first, strict=True) if not first]
         scripted = iter(self.oracle.generate(first_turns, sampling) if first_turns else [])
         generated = iter(self.engine.generate(others, sampling) if others else [])
-        first_ids = {id(request) for request in first_turns}
-        return [next(scripted) if id(request) in first_ids else next(generated) for request in requests]
+        return [next(scripted) if first else next(generated) for first in is_first]
 
 
 def main() -> None:

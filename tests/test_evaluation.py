@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from benchmark_paths import BENCHMARKS
+from benchmark_paths import BENCHMARKS as BENCH
 from expectations import REQUIRED_SWEEP_COLUMNS
 
 from selfcest.data.arithmetic import build_arithmetic_splits, evaluate_expression
@@ -40,7 +40,6 @@ from selfcest.runtime import RuntimeConfig
 from selfcest.scripted import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH = BENCHMARKS
 WIKI = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
 MATH_HARD = BENCH / "math" / "math_hard_level5_test.jsonl"
 AIME24 = BENCH / "aime" / "aime24_test.jsonl"

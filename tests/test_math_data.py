@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from benchmark_paths import BENCHMARKS
+from benchmark_paths import BENCHMARKS as BENCH
 
 from selfcest.data.math import MathValidationError, adapt_math_record, load_math_split
 from selfcest.data.qa import QADataError
 
 REPO = Path(__file__).resolve().parent.parent
-BENCH = BENCHMARKS
 MATH_HARD = BENCH / "math" / "math_hard_level5_test.jsonl"
 AIME24 = BENCH / "aime" / "aime24_test.jsonl"
 AIME25 = BENCH / "aime" / "aime25_test.jsonl"

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from benchmark_paths import BENCHMARKS
+from benchmark_paths import BENCHMARKS as BENCH
 
 from selfcest.data.qa import (
     NAMES,
@@ -24,7 +24,6 @@ from selfcest.data.qa import (
     type_guess_accuracy,
 )
 
-BENCH = BENCHMARKS
 WIKI = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
 WIKI_KAG = BENCH / "2wikimultihopqa" / "kag_2wiki_qa_sub.json"
 MUSIQUE = BENCH / "musique" / "kag_musique_qa_100.json"

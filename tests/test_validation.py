@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from benchmark_paths import BENCHMARKS
+from benchmark_paths import BENCHMARKS as BENCH
 
 from selfcest.data.qa import generate_synthetic, load_2wiki, load_musique
 from selfcest.data.validation import QAValidationError, flatten, schema_errors, validate_records
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = BENCHMARKS
 WIKI = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
 WIKI_KAG = BENCH / "2wikimultihopqa" / "kag_2wiki_qa_sub.json"
 MUSIQUE = BENCH / "musique" / "kag_musique_qa_100.json"
