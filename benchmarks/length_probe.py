@@ -21,6 +21,11 @@ Fresh expressions from the active arithmetic profile's generator in `params.yaml
   the rest of the tree does at each length when the root's copy of the prompt is right: the part of
   delegation that the copy look-up does not limit. `oracle_clones_right`: the share of those first
   clones that answer their chunk's sum. A diagnostic, never a method: no eval cell runs it.
+
+`--attention-scale TAU` multiplies every attention logit of the checkpoint by TAU (an inference-time
+attention temperature, as length-extrapolation methods use to keep a longer context's look-ups
+sharp), by scaling the weight of each layer's query RMSNorm (`q_norm`): Qwen3 normalises queries
+before RoPE, so that weight scales q, and with it q.k, linearly. Also a diagnostic.
 """
 
 from __future__ import annotations
@@ -154,6 +159,22 @@ class OracleFirstSpawnEngine:
         return [next(scripted) if first else next(generated) for first in is_first]
 
 
+def scale_attention_logits(model: torch.nn.Module, tau: float) -> int:
+    """Multiply every attention logit by `tau` in place: each `q_norm` weight times `tau`.
+    Returns the number of layers scaled; a model without Qwen3's query norm is refused."""
+    if not tau > 0:
+        raise ValueError(f"--attention-scale must be positive, got {tau}")
+    norms = [module for name, module in model.named_modules() if name.endswith("self_attn.q_norm")]
+    if not norms:
+        raise ValueError(
+            "--attention-scale needs Qwen3's per-layer query norm (self_attn.q_norm); none found"
+        )
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight.mul_(tau)
+    return len(norms)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint")
@@ -170,11 +191,19 @@ def main() -> None:
         action="store_true",
         help="also run delegation with the teacher's first spawn in place of the root's (a diagnostic)",
     )
+    parser.add_argument(
+        "--attention-scale",
+        type=float,
+        default=1.0,
+        help="multiply every attention logit by this (an inference-time attention temperature)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     params = load_params(Path(args.params))
     generator = active_generator(params)
     tokenizer, model = load_tokenizer(args.checkpoint), load_model(args.checkpoint, device=args.device).eval()
+    if args.attention_scale != 1.0:
+        scale_attention_logits(model, args.attention_scale)
     engine = TransformersEngine(model, tokenizer, max_batch_size=64)
     runtime = runtime_config_from_params(params["runtime"])
     evaluator = Evaluator(engine, runtime)

@@ -7,6 +7,10 @@ import random
 import re
 from pathlib import Path
 
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
 from selfcest.evaluation import Evaluator, MethodSpec, problem_from_record
 from selfcest.prompts import CLONE_SYSTEM_PROMPT
 from selfcest.runtime import RuntimeConfig
@@ -55,3 +59,25 @@ def test_oracle_spawn_hands_the_expression_to_clones_and_leaves_the_rest_to_the_
     again, _ = evaluator.run(MethodSpec("delegate", mode="delegate"), problems[::-1], 1024)
     tasks = [[a.task for a in r.episodes[0].agents if a.role != "root"] for r in results]
     assert [[a.task for a in r.episodes[0].agents if a.role != "root"] for r in again[::-1]] == tasks
+
+
+def test_attention_scale_raises_every_first_layer_attention_row_to_that_power(tiny_checkpoint) -> None:
+    """Logits times tau means softmax(tau * s) = softmax(s) ** tau, renormalised, in every head and row
+    of layer 0 (whose input the scaling leaves alone)."""
+
+    def first_layer_attention(tau: float) -> torch.Tensor:
+        model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, attn_implementation="eager").eval()
+        if tau != 1.0:
+            assert length_probe.scale_attention_logits(model, tau) == model.config.num_hidden_layers
+        with torch.no_grad():
+            out = model(torch.arange(3, 40).unsqueeze(0), output_attentions=True)
+        return out.attentions[0][0].double()
+
+    plain, sharper = first_layer_attention(1.0), first_layer_attention(1.5)
+    expected = plain**1.5 / (plain**1.5).sum(-1, keepdim=True)
+    assert not torch.allclose(plain, sharper, atol=1e-3)
+    torch.testing.assert_close(sharper, expected, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="positive"):
+        length_probe.scale_attention_logits(torch.nn.Linear(2, 2), 0.0)
+    with pytest.raises(ValueError, match="q_norm"):
+        length_probe.scale_attention_logits(torch.nn.Linear(2, 2), 2.0)
