@@ -88,7 +88,12 @@ def test_overrides_refuse_unknown_keys_and_extra_values_win(tmp_path: Path, caps
         params,
         ["eval.report.reference_budget={qa: 64, arithmetic: 128, math: 256}"],
     )
-    assert whole == ["eval.report.reference_budget={qa:64,arithmetic:128,math:256}"]
+    # a mapping merges leaf by leaf, as DVC merges it: the profile's other keys under it stay
+    assert whole == [
+        "eval.report.reference_budget.qa=64",
+        "eval.report.reference_budget.math=256",
+        "eval.report.reference_budget.arithmetic=128",
+    ]
     quoted = profile_overrides({"model": {"init_from": "/a b/it's"}}, params)
     assert quoted == ["model.init_from='/a b/it\\'s'"]
     with pytest.raises(ProfileError, match="keys that params.yaml does not have: grpo.training.learning_rat"):
@@ -99,3 +104,85 @@ def test_overrides_refuse_unknown_keys_and_extra_values_win(tmp_path: Path, caps
     bad.write_text(yaml.safe_dump({"runtime": {"max_clone_per_call": 3}}), encoding="utf-8")
     assert cli_main(["profile", str(bad), "--params", str(REPO / "params.yaml")]) == 2
     assert "runtime.max_clone_per_call" in capsys.readouterr().err
+
+
+def _through_dvc(tmp_path: Path, overrides: list[str]) -> dict:
+    """params.yaml after `dvc exp run -S <overrides>`, read as DVC reads it (YAML 1.2)."""
+    from dvc.utils.hydra import apply_overrides
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    params_file = tmp_path / "params.yaml"
+    shutil.copy(REPO / "params.yaml", params_file)
+    apply_overrides(params_file, overrides)
+    return load_profile(params_file)
+
+
+def test_set_values_mean_what_dvc_exp_run_s_makes_of_them(tmp_path: Path) -> None:
+    params = _params()
+    profile = {"grpo": {"runtime": {"max_clones_per_call": 30, "root_max_tokens": 4096}}}
+    overrides = profile_overrides(
+        profile,
+        params,
+        ["grpo.runtime={max_turns: 6}", "grpo.training.learning_rate=3e-05", "model.init_from='/m/run #2'"],
+    )
+    applied = _through_dvc(tmp_path, overrides)
+    # the mapping set merges into the profile's runtime instead of dropping it back to the defaults
+    assert applied["grpo"]["runtime"]["max_clones_per_call"] == 30
+    assert applied["grpo"]["runtime"]["root_max_tokens"] == 4096
+    assert applied["grpo"]["runtime"]["max_turns"] == 6
+    assert applied["grpo"]["training"]["learning_rate"] == pytest.approx(3e-05)  # a float, not '3e-05'
+    assert applied["model"]["init_from"] == "/m/run #2"
+    assert profile_overrides({}, params, ["model.init_from=off"]) == ["model.init_from='off'"]
+    with pytest.raises(ProfileError, match="--set 'grpo.training.learning_rate=\\[unclosed'"):
+        profile_overrides({}, params, ["grpo.training.learning_rate=[unclosed"])
+    with pytest.raises(ProfileError, match="a sweep"):
+        profile_overrides({}, params, ["seed=1,2"])
+
+
+def test_keys_a_dotted_override_cannot_spell_go_as_mappings_and_strings_round_trip(tmp_path: Path) -> None:
+    params = _params()
+    paths = ["C:\\models\\q", "ends\\", "it's", "a\\'b", "/a b/#2"]
+    profile = {
+        "eval": {"models": {"warmup_model": {"sc@4": {"temperature": 0.6}}}},
+        "arithmetic": {"profiles": {"tiny": {"generator": {"operator_weights": {"*": 1}}}}},
+    }
+    overrides = profile_overrides(profile, params)
+    assert overrides == [
+        "eval.models.warmup_model={sc@4:{temperature:0.6}}",
+        "arithmetic.profiles.tiny.generator.operator_weights={*:1}",
+    ]
+    applied = _through_dvc(tmp_path, overrides)
+    assert applied["eval"]["models"]["warmup_model"]["sc@4"] == {
+        **params["eval"]["models"]["warmup_model"]["sc@4"],
+        "temperature": 0.6,
+    }
+    assert (
+        applied["eval"]["models"]["warmup_model"]["base"] == params["eval"]["models"]["warmup_model"]["base"]
+    )
+    assert applied["arithmetic"]["profiles"]["tiny"]["generator"]["operator_weights"] == {
+        "+": 4,
+        "-": 3,
+        "*": 1,
+    }
+    for index, path in enumerate(paths):
+        [override] = profile_overrides({"model": {"init_from": path}}, params)
+        assert _through_dvc(tmp_path / str(index), [override])["model"]["init_from"] == path, override
+
+
+def test_profile_files_read_as_yaml_1_2_and_broken_ones_are_named(tmp_path: Path, capsys) -> None:
+    profile = tmp_path / "lr.yaml"
+    profile.write_text(
+        "grpo:\n  training:\n    learning_rate: 1e-6\nmodel:\n  init_from: no\n", encoding="utf-8"
+    )
+    assert profile_overrides(load_profile(profile), _params()) == [
+        "grpo.training.learning_rate=1e-06",
+        "model.init_from='no'",
+    ]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("grpo: [unclosed\n", encoding="utf-8")
+    assert cli_main(["profile", str(broken), "--params", str(REPO / "params.yaml")]) == 2
+    assert f"{broken}: not valid YAML" in capsys.readouterr().err
+    assert cli_main(["profile", str(PAPER), "--params", str(broken)]) == 2
+    assert f"{broken}: not valid YAML" in capsys.readouterr().err
+    assert cli_main(["profile", str(PAPER), "--set", "seed=[1"]) == 2
+    assert "--set 'seed=[1'" in capsys.readouterr().err

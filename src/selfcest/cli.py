@@ -137,12 +137,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from omegaconf import OmegaConf
-
     from selfcest.profiles import ProfileError, dvc_set_args, load_profile, profile_overrides
 
     try:
-        params = OmegaConf.to_container(OmegaConf.load(args.params), resolve=False)
+        params = load_profile(args.params)
         overrides = profile_overrides(load_profile(args.profile), params, args.set)
     except (OSError, ProfileError) as exc:
         print(f"selfcest profile: {exc}", file=sys.stderr)

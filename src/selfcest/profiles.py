@@ -8,23 +8,33 @@ list exactly what the profile changed against the embedded default.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+# A key that a dotted override can spell; `sc@4` or `+` cannot (Hydra reads `@` as a package and
+# refuses `+`/`*` in a key), but both are fine as keys inside a mapping value.
+_PLAIN_KEY = re.compile(r"[A-Za-z_][\w-]*\Z")
 
 
 class ProfileError(ValueError):
-    """A profile that names a key params.yaml does not have, or a malformed `--set`."""
+    """A profile that names a key params.yaml does not have, or a malformed `--set` or file."""
 
 
 def leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
-    """(dotted key, value) for every leaf; a mapping value is descended into, a list is one value."""
+    """(dotted key, value) for every leaf a dotted override can name. A mapping is descended into;
+    one with a key that is not a plain name is one value (Hydra merges a mapping value into the
+    mapping already there, so the keys it does not name keep their values). A list is one value."""
     for key, value in tree.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
+        if isinstance(value, Mapping) and value and all(_PLAIN_KEY.match(str(k)) for k in value):
             yield from leaves(value, dotted + ".")
         else:
             yield dotted, value
@@ -48,7 +58,7 @@ def _value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return _quote(value)
     if isinstance(value, list | tuple):
         return "[" + ",".join(_value(v) for v in value) + "]"
     if isinstance(value, Mapping):
@@ -56,21 +66,51 @@ def _value(value: Any) -> str:
     raise ProfileError(f"cannot write {value!r} ({type(value).__name__}) as an override")
 
 
+def _quote(text: str) -> str:
+    """A single-quoted string in Hydra's grammar, which reads a backslash as an escape only in a run
+    of backslashes before a quote or the string's end: those runs are doubled and quotes escaped.
+    `${...}` is left as it is: an interpolation, as in params.yaml (`seed: ${seed}`)."""
+    escaped = re.sub(r"\\+(?='|\Z)", lambda run: run.group(0) * 2, text)
+    return "'" + escaped.replace("'", "\\'") + "'"
+
+
+_OVERRIDE_PARSER = OverridesParser.create()
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """`key=value` as `dvc exp run -S` reads it: the value in Hydra's override grammar (`3e-05` a
+    float, `off` and `010` strings, `[a, b]` a list, `{k: v}` a mapping; quote other strings)."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ProfileError(f"--set expects key=value, got {item!r}")
+    try:
+        override = _OVERRIDE_PARSER.parse_override(f"{key}={raw}")
+    except HydraException as exc:
+        raise ProfileError(
+            f"--set {item!r}: not a value of `dvc exp run -S` (Hydra's override grammar; quote a string "
+            f"with spaces or special characters: {key}='...'): {exc}"
+        ) from exc
+    if override.is_sweep_override():
+        raise ProfileError(f"--set {item!r}: a sweep (several values) is not one override")
+    return key, override.value()
+
+
 def profile_overrides(
     profile: Mapping[str, Any], params: Mapping[str, Any], extra: Iterable[str] = ()
 ) -> list[str]:
-    """`key=value` overrides for every leaf of `profile`, then `extra` (`key=value` strings, values
-    read as YAML, which win). Every key must already exist in `params`: an override of a key that
-    does not exist would be a typo that DVC adds silently with `+` or refuses without it."""
+    """`key=value` overrides for every leaf of `profile`, then `extra` (`key=value` strings, read by
+    `parse_set`), which win. A mapping in `extra` is merged leaf by leaf, as DVC merges it, so the
+    profile's other values under its key stay; any other value replaces everything under its key.
+    Every key must already exist in `params`: an override of a key that does not exist would be a
+    typo that DVC adds silently with `+` or refuses without it."""
     merged: dict[str, Any] = dict(leaves(profile))
     for item in extra:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ProfileError(f"--set expects key=value, got {item!r}")
-        key = key.strip()
-        for covered in [k for k in merged if k.startswith(key + ".")]:
-            del merged[covered]  # a whole mapping set here replaces the profile's values under it
-        merged[key] = yaml.safe_load(raw)
+        key, value = parse_set(item)
+        for leaf, leaf_value in leaves({key: value}):
+            for covered in [k for k in merged if k.startswith(leaf + ".")]:
+                del merged[covered]  # a value set here replaces the profile's values under it
+            merged[leaf] = leaf_value
     unknown = [key for key in merged if not _has_key(params, key)]
     if unknown:
         raise ProfileError(f"keys that params.yaml does not have: {', '.join(unknown)}")
@@ -78,8 +118,13 @@ def profile_overrides(
 
 
 def load_profile(path: Path | str) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as handle:
-        data = yaml.safe_load(handle)
+    """A profile (or params) file read as DVC reads params.yaml: YAML 1.2, so `3e-05` is a number and
+    `no` a string (PyYAML's YAML 1.1 reads them the other way round)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = YAML(typ="safe", pure=True).load(handle)
+    except YAMLError as exc:
+        raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: expected a mapping of params.yaml keys, got {type(data).__name__}")
     return data
