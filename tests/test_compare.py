@@ -148,6 +148,22 @@ def test_selfcest_compare_lists_the_changed_cells_and_draws_static_plots(
     assert "No cell changed." in (out / "changes.md").read_text(encoding="utf-8")
 
 
+def test_selfcest_compare_of_two_empty_sweeps_writes_the_table_and_no_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "old.csv").write_text(SWEEP.splitlines()[0] + "\n", encoding="utf-8")
+    shutil.copy(tmp_path / "old.csv", tmp_path / "sweep.csv")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "sweep.csv")
+    _git(tmp_path, "commit", "-q", "-m", "empty sweep")
+    out = tmp_path / "diff"
+    assert (
+        cli_main(["compare", "HEAD", "--repo", str(tmp_path), "--sweep", "sweep.csv", "--out", str(out)]) == 0
+    )
+    assert "No cell changed." in (out / "changes.md").read_text(encoding="utf-8")
+    assert "no plots" in capsys.readouterr().out and not list(out.glob("*.png"))
+
+
 def test_selfcest_compare_names_a_missing_revision(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -172,6 +188,14 @@ def test_read_sweep_csv_types_columns_and_names_bad_input() -> None:
         read_sweep_csv(SWEEP.replace("48.8", "many"), "HEAD:reports/sweep.csv")
     with pytest.raises(ValueError, match=r"old.csv: missing column\(s\) \['accuracy'\]"):
         read_sweep_csv(SWEEP.replace(",accuracy,", ",acc,"), "old.csv")
+    # a blank line does not shift the line named (the file's line 4 here), and short or long rows are refused
+    blank = SWEEP.replace("\nqa,test,selfcest", "\n\nqa,test,selfcest").replace("48.8", "many")
+    with pytest.raises(ValueError, match=r"x.csv, line 4, column 'gen_tokens': 'many'"):
+        read_sweep_csv(blank, "x.csv")
+    with pytest.raises(ValueError, match=r"x.csv, line 3: 11 fields where the header has 13"):
+        read_sweep_csv(SWEEP.replace(",0.02,2.0", ""), "x.csv")
+    with pytest.raises(ValueError, match=r"x.csv, line 2: 14 fields where the header has 13"):
+        read_sweep_csv(SWEEP.replace("0.01,0.0", "0.01,0.0,7"), "x.csv")
     repeated = SWEEP + SWEEP.splitlines()[1] + "\n"
     with pytest.raises(ValueError, match=r"x.csv, line 4: cell \('qa/test', 'base', 64\) repeats line 2"):
         read_sweep_csv(repeated, "x.csv")
@@ -192,4 +216,12 @@ def test_sweep_changes_ignore_wall_clock_and_rounding_and_report_added_and_remov
     [change] = sweep_changes(old, moved)
     assert change["status"] == "changed" and change["columns"] == ["accuracy", "gen_tokens"]
     line = changes_markdown([change], "a", "b").splitlines()[-3]
-    assert line.startswith("| qa/test | `selfcest` | 64 | changed | 62.5% -> 75.0% | 48.8 -> 40.0 | 500.0 |")
+    assert line.startswith(
+        "| qa/test | `selfcest` | 64 | changed | 48 | 62.5% -> 75.0% | - | 48.8 -> 40.0 | 500.0 |"
+    )
+    # F1 and n are compared, so they are shown too: a change in them is never a row of equal values
+    f1_and_n = read_sweep_csv(SWEEP.replace("64,48,0.5,0.6,", "64,50,0.5,0.8,"), "new")
+    [change] = sweep_changes(old, f1_and_n)
+    assert change["columns"] == ["n", "f1"]
+    line = changes_markdown([change], "a", "b").splitlines()[-3]
+    assert line.startswith("| qa/test | `base` | 64 | changed | 48 -> 50 | 50.0% | 0.600 -> 0.800 | 14.0 |")

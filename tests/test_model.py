@@ -183,3 +183,25 @@ def test_cli_solve_prints_answer_tokens_and_tree(tiny_checkpoint: Path, capsys) 
     )
     record = json.loads(capsys.readouterr().out)
     assert record["mode"] == "monolithic" and record["generated_tokens"] <= 8
+
+
+def test_cli_solve_names_a_bad_model_path_or_documents_file(
+    tiny_checkpoint: Path, tmp_path: Path, capsys
+) -> None:
+    missing = tmp_path / "selfcest_modelx"
+    assert cli_main(["solve", "--model", str(missing), "hi"]) == 2
+    assert f"--model {missing}: no such checkpoint directory" in capsys.readouterr().err
+    cases = {
+        "broken.json": ('{"a": "x",', "Expecting"),
+        "numbers.json": ('{"a": 1}', "the paragraph of key 'a' is not text"),
+        "list.json": ('["a"]', "must hold a JSON object"),
+    }
+    for name, (text, message) in cases.items():
+        documents = tmp_path / name
+        documents.write_text(text, encoding="utf-8")
+        assert cli_main(["solve", "--model", str(tiny_checkpoint), "--documents", str(documents), "hi"]) == 2
+        error = capsys.readouterr().err
+        assert str(documents) in error and message in error, error
+    absent = tmp_path / "absent.json"
+    assert cli_main(["solve", "--model", str(tiny_checkpoint), "--documents", str(absent), "hi"]) == 2
+    assert f"--documents {absent}" in capsys.readouterr().err

@@ -47,6 +47,30 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from selfcest.runtime import Runtime, RuntimeConfig, Task
     from selfcest.tokenizer import load_tokenizer
 
+    if not Path(args.model).is_dir():  # else transformers reports a failed hub download for a typo
+        print(
+            f"error: --model {args.model}: no such checkpoint directory (a local path only)", file=sys.stderr
+        )
+        return 2
+    documents: dict[str, str] = {}
+    if args.documents:
+        try:
+            documents = json.loads(Path(args.documents).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"error: --documents {args.documents}: {exc}", file=sys.stderr)
+            return 2
+        if not isinstance(documents, dict):
+            print(
+                f"error: {args.documents} must hold a JSON object mapping keys to paragraph text",
+                file=sys.stderr,
+            )
+            return 2
+        not_text = [key for key, value in documents.items() if not isinstance(value, str)]
+        if not_text:
+            print(
+                f"error: {args.documents}: the paragraph of key {not_text[0]!r} is not text", file=sys.stderr
+            )
+            return 2
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model, device=args.device)
     config = RuntimeConfig(
@@ -56,15 +80,6 @@ def cmd_solve(args: argparse.Namespace) -> int:
         clone_max_tokens=args.clone_max_tokens,
         max_depth=args.max_depth,
     )
-    documents: dict[str, str] = {}
-    if args.documents:
-        documents = json.loads(Path(args.documents).read_text(encoding="utf-8"))
-        if not isinstance(documents, dict):
-            print(
-                f"error: {args.documents} must hold a JSON object mapping keys to paragraph text",
-                file=sys.stderr,
-            )
-            return 2
     question = args.question
     if documents and config.use_tools:
         question = qa_root_question(question, list(documents))
@@ -129,9 +144,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     table = changes_markdown(sweep_changes(*runs.values()), *labels)
     (out / "changes.md").write_text(table, encoding="utf-8")
+    print(table)
+    if not any(runs.values()):  # two header-only sweeps: nothing to draw
+        print("no rows in either sweep: no plots")
+        return 0
     for cost in COSTS:
         plot_revisions(runs, cost, out / f"accuracy_vs_{cost}.png")
-    print(table)
     print(f"plots: {', '.join(str(out / f'accuracy_vs_{cost}.png') for cost in COSTS)}")
     return 0
 

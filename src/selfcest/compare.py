@@ -64,7 +64,11 @@ def read_sweep_csv(text: str, source: str) -> list[Row]:
     numeric = [c for c in header if c in COMPARED_COLUMNS or c in INT_COLUMNS]  # the costs are compared
     rows: list[Row] = []
     seen: dict[Key, int] = {}
-    for line, raw in enumerate(reader, start=2):
+    for raw in reader:
+        line = reader.line_num  # the file's line (DictReader skips blank lines, so no counter)
+        if None in raw or any(value is None for value in raw.values()):
+            fields = len(header) + len(raw.get(None) or []) - sum(v is None for v in raw.values())
+            raise ValueError(f"{source}, line {line}: {fields} fields where the header has {len(header)}")
         row: Row = dict(raw)
         for column in numeric:
             value = (raw.get(column) or "").strip()
@@ -114,7 +118,13 @@ def sweep_changes(old: Sequence[Row], new: Sequence[Row]) -> list[dict[str, Any]
     return changes
 
 
-FORMATS = {"accuracy": "{:.1%}", "protocol_error_rate": "{:.1%}", "clones": "{:.2f}"}
+FORMATS = {
+    "n": "{:d}",
+    "accuracy": "{:.1%}",
+    "f1": "{:.3f}",
+    "protocol_error_rate": "{:.1%}",
+    "clones": "{:.2f}",
+}
 """How `changes_markdown` prints a column (tokens: one decimal)."""
 
 
@@ -137,7 +147,9 @@ def changes_markdown(changes: Sequence[Mapping[str, Any]], old_label: str, new_l
     if not changes:
         return "\n".join([*lines, "No cell changed.", ""])
     shown = {
+        "n": "n",
         "accuracy": "accuracy",
+        "f1": "F1",
         "gen_tokens": "gen tok",
         "total_tokens": "total tok",
         "critical_tokens": "crit tok",
