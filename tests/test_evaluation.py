@@ -89,14 +89,19 @@ def test_bootstrap_ci_known_inputs() -> None:
 
 
 def _result(
-    correct: float, gen: float, crit: float, f1: float | None = None, clones: float = 0.0
+    correct: float,
+    gen: float,
+    crit: float,
+    f1: float | None = None,
+    clones: float = 0.0,
+    protocol_errors: float = 0.0,
 ) -> ProblemResult:
-    return ProblemResult("p", None, correct, f1, gen, gen + 10, crit, 0.5, clones, 0.0, [])
+    return ProblemResult("p", None, correct, f1, gen, gen + 10, crit, 0.5, clones, protocol_errors, [])
 
 
 def test_summarize_means_and_interval() -> None:
     results = [
-        _result(1.0, 10, 5, clones=2),
+        _result(1.0, 10, 5, clones=2, protocol_errors=1.0),
         _result(0.0, 30, 15),
         _result(1.0, 20, 10, clones=1),
         _result(1.0, 20, 10),
@@ -105,13 +110,18 @@ def test_summarize_means_and_interval() -> None:
     assert row["n"] == 4
     assert row["accuracy"] == 0.75
     assert row["gen_tokens"] == 20 and row["total_tokens"] == 30 and row["critical_tokens"] == 10
-    assert row["seconds"] == 0.5 and row["clones"] == 0.75
-    assert 0.0 <= row["ci_low"] <= 0.75 <= row["ci_high"] <= 1.0
+    assert row["seconds"] == 0.5 and row["clones"] == 0.75 and row["protocol_error_rate"] == 0.25
+    # the interval is the bootstrap of the right/wrong values, with the cell's resamples and seed
+    assert (row["ci_low"], row["ci_high"]) == bootstrap_ci([1.0, 0.0, 1.0, 1.0], resamples=500, seed=0)
+    assert 0.0 <= row["ci_low"] < 0.75 < row["ci_high"] <= 1.0
     assert "f1" not in row
+    f1 = [1.0, 0.5, 0.0, 1.0, 0.6, 0.9, 0.0, 0.2]
     qa = summarize(
-        [_result(1.0, 1, 1, f1=1.0), _result(0.0, 1, 1, f1=0.5)], seconds=1.0, resamples=100, seed=0
+        [_result(float(value == 1.0), 1, 1, f1=value) for value in f1], seconds=1.0, resamples=100, seed=0
     )
-    assert qa["f1"] == 0.75 and qa["f1_ci_low"] <= 0.75 <= qa["f1_ci_high"]
+    assert qa["f1"] == pytest.approx(sum(f1) / len(f1))
+    assert (qa["f1_ci_low"], qa["f1_ci_high"]) == bootstrap_ci(f1, resamples=100, seed=0)
+    assert (qa["f1_ci_low"], qa["f1_ci_high"]) != (qa["ci_low"], qa["ci_high"])  # F1's, not EM's
 
 
 def test_majority_vote() -> None:

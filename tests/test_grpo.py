@@ -50,6 +50,12 @@ def test_episode_reward_terms() -> None:
     assert r.total == pytest.approx(1.0 - r.root_penalty - r.clone_penalty - 0.1 - 0.05)
     math_r = episode_reward(episode, 0.0, RewardConfig(math_style=True))
     assert math_r.total == pytest.approx(-0.05)
+    # both spawn turns over the threshold: the penalty is the larger turn's, not their sum
+    slow = [clone("ok", 700), clone("ok", 100), clone("ok", 900)]
+    both = episode_reward(
+        Episode("t", 0, "delegate", 2000, [root, *slow], num_tool_calls=3), 1.0, RewardConfig()
+    )
+    assert both.clone_penalty == pytest.approx(length_penalty(900, 512, 512, 0.2))
 
 
 def test_gates() -> None:
@@ -63,6 +69,7 @@ def test_gates() -> None:
     # the release: no answer after > 192 tokens -> R_clone = 0; otherwise R_clone = R_root
     assert clone_gate(clone("truncated", 300, None), -0.4, GateConfig("ratio")) == 0.0
     assert clone_gate(clone("truncated", 100, None), -0.4, GateConfig("ratio")) == 1.0
+    assert clone_gate(clone("failed", 300, None), -0.4, GateConfig("ratio")) == 1.0  # a stated failure
     assert clone_gate(clone("ok"), 0.0, GateConfig("ratio")) == 0.0  # the release's 0/0 side effect
     assert clone_gate(clone("ok"), 0.0, GateConfig("ratio", credit_clones_of_zero_reward_roots=True)) == 1.0
 
@@ -96,7 +103,18 @@ def test_clone_rows_carry_gated_root_advantages(tiny_checkpoint: Path, tmp_path:
     clone_advantages = [float(a) for a, r in zip(batch["advantages"], roles, strict=True) if r == ROLE_CLONE]
     assert clone_advantages == pytest.approx(expected)
     assert len(clone_advantages) > 0
-    assert any(w == 0.0 for row in inputs for *_, w in row["clone_rows"])  # protocol gate closed somewhere
+    # each weight is its own clone's gate, read from the clone's text rather than from the code under
+    # test: a rambling clone (no `Answer:`) broke protocol and gets 0, an answering one 1
+    answered = [
+        [
+            "Answer:" in trainer.processing_class.decode(completion)
+            for _, completion, _, _ in row["clone_rows"]
+        ]
+        for row in inputs
+    ]
+    weights = [[w for *_, w in row["clone_rows"]] for row in inputs]
+    assert weights == [[1.0 if a else 0.0 for a in row] for row in answered]
+    assert {a for row in answered for a in row} == {True, False}  # the gate closed and stayed open
     mask = batch["completion_mask"] * batch["tool_mask"]
     assert int(batch["num_items_in_batch"]) == int(mask.sum())
     # the root rows mask the tool responses: fewer loss tokens than completion tokens
@@ -117,6 +135,9 @@ def test_group_weighting_counts_each_episodes_clones_as_one_row(
     for item in inputs:
         clones = len(item["clone_rows"])
         expected += sum(per_row[row : row + clones]) / max(clones, 1)
+        for _, completion, _, weight in item["clone_rows"]:  # the gate, then divided by the clone count
+            answered = "Answer:" in trainer.processing_class.decode(completion)
+            assert weight == pytest.approx((1.0 if answered else 0.0) / clones)
         assert roles[row : row + clones] == [ROLE_CLONE] * clones
         row += clones
     assert any(len(item["clone_rows"]) > 1 for item in inputs)  # the case where the two weightings differ
