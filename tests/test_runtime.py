@@ -4,12 +4,12 @@ import json
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from selfcest.engine import SamplingConfig, TransformersEngine
 from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question
-from selfcest.runtime import Episode, Runtime, RuntimeConfig, Task
+from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task
 from selfcest.scripted import ScriptedEngine
 
 
@@ -42,7 +42,7 @@ def splitting_policy(prompt: str) -> str:
     return spawn([{"task": f"Calculate the value of {p}.", "max_tokens": 16} for p in pairs])
 
 
-def check_accounting(episode: Episode) -> None:
+def check_accounting(episode: Episode, config: RuntimeConfig) -> None:
     assert episode.generated_tokens <= episode.budget
     assert episode.generated_tokens == sum(a.generated_tokens for a in episode.agents)
     assert episode.total_tokens == sum(len(a.token_ids) for a in episode.agents)
@@ -51,12 +51,31 @@ def check_accounting(episode: Episode) -> None:
         assert agent.prompt_tokens + agent.generated_tokens == len(agent.token_ids)
         assert agent.generated_tokens <= agent.max_tokens
         assert sum(t.generated_tokens for t in agent.turns) == agent.generated_tokens
+        # a root turn is capped by root_max_tokens (its max_tokens is the whole episode budget)
+        turn_cap = config.root_max_tokens if agent.role == "root" else agent.max_tokens
+        for turn in agent.turns:
+            assert 1 <= turn.granted_tokens <= turn_cap
+            assert turn.generated_tokens <= turn.granted_tokens
     json.dumps(episode.to_dict())  # records are JSON-serialisable
+
+
+def critical_path(agents: list[AgentRecord], agent_id: str) -> int:
+    """Recomputed from parent ids and spawn turns (not `children`): an agent's own tokens plus, per
+    turn in which it spawned, the longest path among that turn's clones."""
+    agent = next(a for a in agents if a.agent_id == agent_id)
+    waves: dict[int | None, list[str]] = {}
+    for other in agents:
+        if other.parent_id == agent_id:
+            waves.setdefault(other.spawn_turn, []).append(other.agent_id)
+    return agent.generated_tokens + sum(
+        max(critical_path(agents, child) for child in wave) for wave in waves.values()
+    )
 
 
 def test_delegation_episode_end_to_end(tiny_tokenizer) -> None:
     engine = ScriptedEngine(tiny_tokenizer, splitting_policy)
-    [episode] = Runtime(engine, RuntimeConfig()).run([Task("t", arithmetic_question("1+2+30+4"))])
+    config = RuntimeConfig()
+    [episode] = Runtime(engine, config).run([Task("t", arithmetic_question("1+2+30+4"))])
     assert episode.final_answer == "37"
     root = episode.root
     assert [a.answer for a in episode.agents[1:]] == ["3", "34"]
@@ -65,7 +84,7 @@ def test_delegation_episode_end_to_end(tiny_tokenizer) -> None:
     assert "turn1_clone0: 3\nturn1_clone1: 34" in tiny_tokenizer.decode(root.token_ids)
     # clones see only their own task
     assert "30" not in tiny_tokenizer.decode(episode.agents[1].token_ids)
-    check_accounting(episode)
+    check_accounting(episode, config)
     clones = episode.agents[1:]
     expected = (
         root.turns[0].generated_tokens
@@ -99,12 +118,63 @@ def test_engine_stats_of_a_later_run_add_back_to_the_whole(tiny_tokenizer) -> No
     assert before == engine.stats
 
 
-def test_budget_cuts_clone_grants_and_is_never_exceeded(tiny_tokenizer) -> None:
+def run_eight_ones(tiny_tokenizer, config: RuntimeConfig) -> Episode:
+    """The root spends 112 tokens spawning four clones of 16 tokens ("1+1") that answer in 4."""
     engine = ScriptedEngine(tiny_tokenizer, splitting_policy)
-    config = RuntimeConfig(episode_token_budget=120, root_reserve_tokens=10)
-    [episode] = Runtime(engine, config).run([Task("t", arithmetic_question("+".join(["1"] * 16)))])
-    check_accounting(episode)
-    assert episode.budget_exhausted or episode.generated_tokens <= 120
+    [episode] = Runtime(engine, config).run([Task("t", arithmetic_question("+".join(["1"] * 8)))])
+    check_accounting(episode, config)
+    root = episode.root
+    assert [t.generated_tokens for t in root.turns[:1]] == [112]
+    assert [len(spawned) for spawned in root.children] == [4]
+    return episode
+
+
+@pytest.mark.parametrize(("reserve", "grants"), [(10, [16, 16, 16, 10]), (0, [16, 16, 16, 16])])
+def test_budget_cuts_clone_grants_and_is_never_exceeded(
+    tiny_tokenizer, reserve: int, grants: list[int]
+) -> None:
+    """180 - 112 = 68 tokens are left after the root's first turn. The clones' grants are taken in
+    order, each min(16, left - reserve): with a reserve of 10, 68 -> 52 -> 36 -> 20 leaves the last
+    clone 20 - 10 = 10 tokens, so the root keeps at least its reserve for its final answer."""
+    config = RuntimeConfig(episode_token_budget=180, root_reserve_tokens=reserve, root_max_tokens=400)
+    episode = run_eight_ones(tiny_tokenizer, config)
+    root, clones = episode.root, episode.agents[1:]
+    assert [c.max_tokens for c in clones] == [16, 16, 16, 16]
+    assert [[t.granted_tokens for t in c.turns] for c in clones] == [[g] for g in grants]
+    assert all(c.status == "ok" for c in clones) and episode.final_answer == "8"
+    assert not episode.budget_exhausted and episode.generated_tokens <= 180
+    assert root.turns[0].granted_tokens == 180  # min(root_max_tokens, budget)
+    assert len(root.turns) == 2 and root.turns[-1].granted_tokens >= reserve
+    # the grants were taken while the root's first turn was the only spending
+    assert sum(grants) <= 180 - 112 - reserve
+
+
+@pytest.mark.parametrize("min_clone_tokens", [3, 4])
+def test_a_clone_granted_less_than_min_clone_tokens_is_not_started(
+    tiny_tokenizer, min_clone_tokens: int
+) -> None:
+    """Budget 173 leaves the last clone min(16, 13 - 10) = 3 tokens: enough to start it when the
+    minimum is 3 (it is cut short), too few when it is 4 (budget_exhausted, without generating)."""
+    config = RuntimeConfig(
+        episode_token_budget=173,
+        root_reserve_tokens=10,
+        root_max_tokens=400,
+        min_clone_tokens=min_clone_tokens,
+    )
+    episode = run_eight_ones(tiny_tokenizer, config)
+    *started, last = episode.agents[1:]
+    assert [[t.granted_tokens for t in c.turns] for c in started] == [[16], [16], [16]]
+    assert all(c.status == "ok" for c in started)
+    if min_clone_tokens == 3:
+        assert [t.granted_tokens for t in last.turns] == [3]
+        assert (last.status, last.generated_tokens) == ("truncated", 3)
+        assert not episode.budget_exhausted
+    else:
+        assert (last.status, last.generated_tokens, last.turns) == ("budget_exhausted", 0, [])
+        assert last.failure == "token budget exhausted" and last.answer is None
+        assert episode.budget_exhausted
+        assert "turn1_clone3: failed" in tiny_tokenizer.decode(episode.root.token_ids)
+    assert episode.final_answer == "6"  # the root adds the three answers it got
 
 
 def adversarial_policy(prompt: str) -> str:
@@ -131,7 +201,7 @@ def test_adversarial_policy_cannot_break_any_limit(tiny_tokenizer, max_depth: in
     )
     engine = ScriptedEngine(tiny_tokenizer, adversarial_policy)
     [episode] = Runtime(engine, config).run([Task("t", "Do it.")])
-    check_accounting(episode)
+    check_accounting(episode, config)
     root = episode.root
     assert len(root.turns) <= config.max_turns
     for agent in episode.agents:
@@ -149,7 +219,11 @@ def test_adversarial_policy_cannot_break_any_limit(tiny_tokenizer, max_depth: in
         assert all(a.depth <= 1 for a in episode.agents)
         assert all(a.status in ("no_answer", "truncated", "budget_exhausted") for a in episode.agents[1:])
     else:
-        assert any(a.depth == 2 for a in episode.agents)
+        assert any(a.depth == 2 and a.generated_tokens > 0 for a in episode.agents)
+    for agent in episode.agents:
+        assert agent.critical_path_tokens == critical_path(episode.agents, agent.agent_id)
+    assert episode.critical_path_tokens == root.critical_path_tokens
+    assert root.generated_tokens < episode.critical_path_tokens < episode.generated_tokens
     assert engine.stats.calls <= config.max_rounds
 
 
@@ -161,6 +235,7 @@ def test_adversarial_policy_cannot_break_any_limit(tiny_tokenizer, max_depth: in
     root_cap=st.integers(1, 200),
     n_terms=st.integers(1, 20),
 )
+@example(budget=300, reserve=16, clone_cap=32, root_cap=20, n_terms=8)  # root turns cut by root_cap
 def test_budget_is_never_exceeded(
     tiny_tokenizer, budget: int, reserve: int, clone_cap: int, root_cap: int, n_terms: int
 ) -> None:
@@ -175,7 +250,7 @@ def test_budget_is_never_exceeded(
         engine = ScriptedEngine(tiny_tokenizer, policy)
         episodes = Runtime(engine, config).run([Task("t", arithmetic_question("+".join(["7"] * n_terms)))])
         for episode in episodes:
-            check_accounting(episode)
+            check_accounting(episode, config)
 
 
 def test_monolithic_mode_has_no_tools_and_one_turn(tiny_tokenizer) -> None:
@@ -232,7 +307,7 @@ def test_greedy_runs_on_a_real_model_are_deterministic(tiny_model, tiny_tokenize
     second = Runtime(engine, config).run(tasks, sampling=SamplingConfig(return_logprobs=True))
     assert strip(first) == strip(second)
     for episode in first:
-        check_accounting(episode)
+        check_accounting(episode, config)
         assert len(episode.root.logprobs) == episode.root.generated_tokens
     sampled = [
         Runtime(engine, config).run(tasks, sampling=SamplingConfig(temperature=1.0, seed=s))
@@ -301,10 +376,11 @@ def test_a_special_token_generated_mid_turn_does_not_break_the_batch(tiny_tokeni
         return "1+2<|endoftext|>" + call
 
     tasks = [Task("a", arithmetic_question("1+2")), Task("b", arithmetic_question("2+1"))]
-    episodes = Runtime(ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig()).run(tasks)
+    config = RuntimeConfig()
+    episodes = Runtime(ScriptedEngine(tiny_tokenizer, policy), config).run(tasks)
     assert [e.final_answer for e in episodes] == ["3", "3"]
     for episode in episodes:
-        check_accounting(episode)
+        check_accounting(episode, config)
 
 
 def test_an_answer_cut_by_the_token_limit_is_not_an_answer(tiny_tokenizer) -> None:
