@@ -8,7 +8,10 @@ flow run does no work. The flow only orchestrates; it imports nothing from the l
     python flows/pipeline.py                      # run once (ephemeral Prefect API)
     python flows/pipeline.py --stages build_model # run a subset (and what it needs, in order)
     python flows/pipeline.py --serve --cron "0 3 * * *"   # a scheduled deployment; needs `prefect server start`
-    python flows/pipeline.py --serve --interval 3600      # or every hour
+    python flows/pipeline.py --serve --interval 3600      # or every hour, on the hour
+
+Each stage's output (DVC's and the stage's own log) reaches the Prefect log line by line as it is
+written, so a long warm-up shows its progress while it runs.
 """
 
 from __future__ import annotations
@@ -17,23 +20,36 @@ import argparse
 import os
 import subprocess
 import sys
+from collections import deque
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import networkx as nx
 from dvc.repo import Repo
 from prefect import flow, get_run_logger, task
+from prefect.schedules import Cron, Interval
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def stage_order(repo_dir: Path, targets: list[str] | None = None) -> list[str]:
-    """DVC stage names in dependency order (every stage after the stages it depends on)."""
+    """DVC stage names in dependency order (every stage after the stages it depends on). `targets`:
+    only these stages, or stage groups (`train_grpo` for every `train_grpo@...`), and what they need;
+    a name that is neither is refused, so a typo never runs nothing and reports success."""
     with Repo(str(repo_dir)) as repo:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
-        if targets:
+        if targets is not None:
+            names = {stage.name for stage in graph.nodes}
+            groups = {name.split("@")[0] for name in names}
+            unknown = [t for t in targets if t not in names and t not in groups]
+            if unknown or not targets:
+                raise ValueError(
+                    f"{repo_dir}/dvc.yaml has no stage or stage group {unknown or targets}; "
+                    f"its stage groups: {', '.join(sorted(groups))}"
+                )
             wanted: set = set()
             for stage in graph.nodes:
-                if stage.name in targets:
+                if stage.name in targets or stage.name.split("@")[0] in targets:
                     wanted |= {stage, *nx.descendants(graph, stage)}
             graph = graph.subgraph(wanted)
         # Names (not `addressing`, which is relative to the caller's cwd): this project keeps one dvc.yaml.
@@ -42,17 +58,28 @@ def stage_order(repo_dir: Path, targets: list[str] | None = None) -> list[str]:
 
 @task(retries=2, retry_delay_seconds=10, task_run_name="dvc-repro-{stage}")
 def repro_stage(stage: str, repo_dir: str) -> str:
-    """Run one DVC stage; DVC skips it when nothing it depends on changed."""
+    """Run one DVC stage; DVC skips it when nothing it depends on changed. Returns its output."""
     logger = get_run_logger()
     command = [sys.executable, "-m", "dvc", "repro", "--single-item", stage]
     logger.info("running %s in %s", " ".join(command), repo_dir)
-    completed = subprocess.run(command, cwd=repo_dir, capture_output=True, text=True, env=os.environ.copy())
-    for line in completed.stdout.splitlines()[-20:]:
-        logger.info(line)
-    if completed.returncode != 0:
-        logger.error(completed.stderr[-4000:])
-        raise RuntimeError(f"dvc repro {stage} failed with exit code {completed.returncode}")
-    return completed.stdout
+    # The stages' commands are `python -m stages...`: this interpreter's environment must come first
+    # on PATH, or a flow started as `.venv/bin/python flows/pipeline.py` runs them on another Python.
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    lines: deque[str] = deque(maxlen=2000)
+    with subprocess.Popen(
+        command, cwd=repo_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
+        assert process.stdout is not None
+        for raw in process.stdout:
+            line = raw.rstrip("\n").rsplit("\r", 1)[-1]  # a progress bar's last state
+            lines.append(line)
+            logger.info(line)
+    if process.returncode != 0:
+        raise RuntimeError(
+            f"dvc repro {stage} failed with exit code {process.returncode}; its last lines:\n"
+            + "\n".join(list(lines)[-20:])
+        )
+    return "\n".join(lines)
 
 
 @flow(name="selfcest-pipeline", log_prints=True)
@@ -69,20 +96,40 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repo", default=str(REPO_ROOT))
-    parser.add_argument("--stages", nargs="*", help="only these stages and what they depend on")
+    parser.add_argument(
+        "--stages", nargs="+", help="only these stages or stage groups, and what they depend on"
+    )
     parser.add_argument(
         "--serve", action="store_true", help="serve a scheduled deployment (needs a Prefect server)"
     )
     schedule = parser.add_mutually_exclusive_group()
     schedule.add_argument("--cron", help="schedule for --serve (default: 0 3 * * *, nightly at 03:00)")
-    schedule.add_argument("--interval", type=float, help="schedule for --serve: every this many seconds")
-    parser.add_argument("--name", default="selfcest-nightly", help="the deployment's name for --serve")
+    schedule.add_argument(
+        "--interval", type=float, help="schedule for --serve: every this many seconds, on round times"
+    )
+    parser.add_argument("--name", help="the deployment's name for --serve (default: selfcest-nightly)")
     args = parser.parse_args()
-    if args.serve:
-        when = {"interval": args.interval} if args.interval else {"cron": args.cron or "0 3 * * *"}
-        pipeline.serve(name=args.name, parameters={"repo_dir": args.repo, "stages": args.stages}, **when)
-    else:
+    if not args.serve:
+        given = [f"--{flag}" for flag in ("cron", "interval", "name") if getattr(args, flag) is not None]
+        if given:  # else the whole pipeline would start now instead of on a schedule
+            parser.error(f"{', '.join(given)}: for --serve only (without it the pipeline runs once, now)")
         pipeline(repo_dir=args.repo, stages=args.stages)
+        return
+    if args.interval is not None and args.interval <= 0:
+        parser.error(f"--interval must be positive, got {args.interval}")
+    if args.stages:
+        stage_order(Path(args.repo), args.stages)  # an unknown stage stops here, not at the first run
+    when = (
+        # Anchored on a round time, so `--interval 3600` runs on the hour, not an hour after serving.
+        Interval(timedelta(seconds=args.interval), anchor_date=datetime(2020, 1, 1, tzinfo=UTC))
+        if args.interval is not None
+        else Cron(args.cron or "0 3 * * *")
+    )
+    pipeline.serve(
+        name=args.name or "selfcest-nightly",
+        parameters={"repo_dir": args.repo, "stages": args.stages},
+        schedules=[when],
+    )
 
 
 if __name__ == "__main__":

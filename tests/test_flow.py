@@ -31,7 +31,12 @@ stages:
 @pytest.fixture
 def dvc_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("DVC_SITE_CACHE_DIR", str(tmp_path / "site-cache"))
-    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    # The venv's bin/ off PATH, as for `.venv/bin/python flows/pipeline.py` without an activated venv:
+    # the stages' `python -c "import yaml"` works only if the flow puts this interpreter first itself.
+    venv_bin = str(Path(sys.executable).parent)
+    monkeypatch.setenv(
+        "PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    )
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
@@ -45,6 +50,19 @@ def dvc_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_stage_order_follows_dependencies(dvc_repo: Path) -> None:
     assert stage_order(dvc_repo) == ["first", "second"]
     assert stage_order(dvc_repo, ["first"]) == ["first"]
+    for wrong in (["frist"], []):  # a typo or nothing at all never runs nothing and reports success
+        with pytest.raises(ValueError, match="has no stage or stage group"):
+            stage_order(dvc_repo, wrong)
+
+
+def test_stage_groups_select_every_cell_of_a_foreach_stage() -> None:
+    grpo = stage_order(REPO_ROOT, ["train_grpo"])
+    assert [s for s in grpo if s.startswith("train_grpo@")] == [
+        "train_grpo@noclone",
+        "train_grpo@selfcest",
+        "train_grpo@selfcest_nogate",
+    ]
+    assert grpo.index("warmup") < grpo.index("train_grpo@selfcest") and not any("eval" in s for s in grpo)
 
 
 @pytest.fixture
@@ -127,7 +145,7 @@ def test_a_served_deployment_runs_on_its_schedule_on_a_real_prefect_server(
                 return False
 
         _wait_for(healthy, "the Prefect server", 120, server)
-        # Interval schedules are anchored on round times, so a 20-second interval is due within
+        # The flow anchors interval schedules on round times, so a 20-second interval is due within
         # 20 s; the test watches the first scheduled run only (later ones may start before the end).
         served = subprocess.Popen(
             [
@@ -157,6 +175,7 @@ def test_a_served_deployment_runs_on_its_schedule_on_a_real_prefect_server(
             registered = _wait_for(deployment, "the deployment", 120, server, served)
             assert registered.parameters == {"repo_dir": str(dvc_repo), "stages": None}
             assert [s.schedule.interval.total_seconds() for s in registered.schedules] == [20]
+            assert registered.schedules[0].schedule.anchor_date.year == 2020  # round times, not serve time
             only_ours = DeploymentFilter(id=DeploymentFilterId(any_=[registered.id]))
 
             def first_run_ended() -> Any:
