@@ -22,7 +22,7 @@ stages:
     deps: [a.txt]
     outs: [b.txt]
   first:
-    cmd: python -c "import pathlib, yaml; pathlib.Path('a.txt').write_text(str(yaml.safe_load(open('params.yaml'))['n']))"
+    cmd: python -c "import pathlib, yaml, selfcest; pathlib.Path('a.txt').write_text(str(yaml.safe_load(open('params.yaml'))['n']))"
     params: [n]
     outs: [a.txt]
 """
@@ -32,7 +32,7 @@ stages:
 def dvc_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("DVC_SITE_CACHE_DIR", str(tmp_path / "site-cache"))
     # The venv's bin/ off PATH, as for `.venv/bin/python flows/pipeline.py` without an activated venv:
-    # the stages' `python -c "import yaml"` works only if the flow puts this interpreter first itself.
+    # the stage's `python -c "import selfcest"` works only if the flow puts this interpreter first itself.
     venv_bin = str(Path(sys.executable).parent)
     monkeypatch.setenv(
         "PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
