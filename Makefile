@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-dev repro test lint flow
+.PHONY: torch setup setup-dev repro test lint flow
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -13,10 +13,17 @@ $(BIN)/python:
 # torch is pinned in pyproject.toml to the 2.13.0 CPU wheel; an unpinned torch would pull a CUDA build.
 # The pipeline needs the project alone; the test tools (`dev`: pytest, moto's S3 server, ruff, ...)
 # are installed for `make test` only, since `make repro`'s install counts against its time limit.
-setup: $(BIN)/python
+# TORCH_INDEX: where to take torch's CPU wheel from first, on a machine whose pip sees only PyPI
+# (there the pin resolves to the CUDA build): make repro TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+
+torch: $(BIN)/python
+	$(if $(TORCH_INDEX),$(BIN)/pip install --index-url $(TORCH_INDEX) torch==2.13.0,@true)
+
+setup: torch
 	$(BIN)/pip install -e .
 
-setup-dev: $(BIN)/python
+setup-dev: torch
 	$(BIN)/pip install -e ".[dev]"
 
 repro: setup
