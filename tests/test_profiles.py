@@ -151,6 +151,9 @@ def test_keys_a_dotted_override_cannot_spell_go_as_mappings_and_strings_round_tr
         "eval.models.warmup_model={sc@4:{temperature:0.6}}",
         "arithmetic.profiles.tiny.generator.operator_weights={*:1}",
     ]
+    # a --set under the same special-key mapping merges with the profile's, as DVC would apply both
+    both = profile_overrides(profile, params, ["eval.models.warmup_model={sc@8: {samples: 6}}"])
+    assert both[0] == "eval.models.warmup_model={sc@4:{temperature:0.6},sc@8:{samples:6}}"
     applied = _through_dvc(tmp_path, overrides)
     assert applied["eval"]["models"]["warmup_model"]["sc@4"] == {
         **params["eval"]["models"]["warmup_model"]["sc@4"],

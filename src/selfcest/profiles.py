@@ -96,6 +96,15 @@ def parse_set(item: str) -> tuple[str, Any]:
     return key, override.value()
 
 
+def _merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """`update` merged into `base`, mappings key by key, any other value replacing."""
+    merged = dict(base)
+    for key, value in update.items():
+        both = isinstance(merged.get(key), Mapping) and isinstance(value, Mapping)
+        merged[key] = _merge(merged[key], value) if both else value
+    return merged
+
+
 def profile_overrides(
     profile: Mapping[str, Any], params: Mapping[str, Any], extra: Iterable[str] = ()
 ) -> list[str]:
@@ -110,6 +119,8 @@ def profile_overrides(
         for leaf, leaf_value in leaves({key: value}):
             for covered in [k for k in merged if k.startswith(leaf + ".")]:
                 del merged[covered]  # a value set here replaces the profile's values under it
+            if isinstance(merged.get(leaf), Mapping) and isinstance(leaf_value, Mapping):
+                leaf_value = _merge(merged[leaf], leaf_value)  # two mapping values: merged, as DVC would
             merged[leaf] = leaf_value
     unknown = [key for key in merged if not _has_key(params, key)]
     if unknown:
