@@ -80,6 +80,28 @@ def test_bad_records_are_quarantined_with_the_field_and_reason(tmp_path: Path) -
         split.check()
     with pytest.raises(MathValidationError):
         load_math_split(str(path), source="broken")  # enforce: the same check
+    # The length limits and an empty problem, each named: over a lowered problem limit, the default
+    # answer limit (256 characters), and a problem of spaces only.
+    limited = tmp_path / "limits.jsonl"
+    limited.write_text(
+        "".join(
+            json.dumps(line) + "\n"
+            for line in [
+                {"id": "ok", "problem": "Q?", "answer": "1"},
+                {"id": "long", "problem": "What is 12345?", "answer": "1"},
+                {"id": "big", "problem": "Q?", "answer": "1" * 300},
+                {"id": "blank", "problem": "   ", "answer": "1"},
+            ]
+        ),
+        encoding="utf-8",
+    )
+    checked = load_math_split(str(limited), source="limits", enforce=False, limits={"max_problem_chars": 10})
+    assert [r["id"] for r in checked.records] == ["ok"]
+    assert {q.index: q.reasons for q in checked.quarantined} == {
+        1: ["expectation: problem_chars"],
+        2: ["expectation: answer_chars"],
+        3: ["field 'problem': empty"],
+    }
     # A limit that allows it keeps the valid rest.
     partial = tmp_path / "partial.jsonl"
     partial.write_text("".join(json.dumps(line) + "\n" for line in [good, lines[1]]), encoding="utf-8")

@@ -15,6 +15,7 @@ from selfcest.teachers import (
     TeacherConfig,
     arithmetic_root_conversation,
     build_warmup_conversations,
+    format_terms,
     paragraph_facts,
     parse_terms,
     qa_conversations,
@@ -59,10 +60,30 @@ def test_arithmetic_roots_are_correct_and_reduce_long_sums_through_clones() -> N
     assert seen_turns[1] and seen_turns[2]  # short problems in one turn, long ones in a tree
 
 
+_STEP = re.compile(r"^(-?\d+)([+-])(\d+)=(-?\d+)$")
+
+
+def _assert_solution_is_right(text: str, expr: str) -> None:
+    """Every step line of a sum's solution adds the next term to the previous result, and the
+    answer is the expression's value; a thinking solution's check (after "Check:") redoes them."""
+    terms = parse_terms(expr)
+    body, _, answer = text.rpartition("Answer:")
+    assert int(answer) == evaluate_expression(expr) == sum(terms)
+    for block in body.split("Check:"):
+        steps = [_STEP.match(line).groups() for line in block.strip().splitlines()]
+        assert len(steps) == len(terms) - 1
+        total = terms[0]
+        for (left, sign, operand, right), term in zip(steps, terms[1:], strict=True):
+            assert int(left) == total and (1 if sign == "+" else -1) * int(operand) == term
+            total += term
+            assert int(right) == total
+
+
 def test_warmup_mix_is_seeded_varied_and_parseable() -> None:
     rng = random.Random(1)
     arithmetic = [
-        {"expr": "+".join(str(rng.randint(0, 9)) for _ in range(rng.randint(2, 8)))} for _ in range(60)
+        {"expr": format_terms([rng.choice([-1, 1]) * rng.randint(0, 9) for _ in range(rng.randint(2, 8))])}
+        for _ in range(60)
     ]
     qa = [synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=i) for i in range(10)]
     config = TeacherConfig(thinking_fraction=0.5)
@@ -75,9 +96,11 @@ def test_warmup_mix_is_seeded_varied_and_parseable() -> None:
     for conversation in first:
         last = conversation["messages"][-1]
         assert last["role"] == "assistant" and extract_answer(last["content"]) is not None
-        if conversation["kind"] == "arith_mono":
+        if conversation["kind"] in ("arith_mono", "arith_thinking", "arith_clone"):
             expr = _TASK.match(conversation["messages"][1]["content"]).group(1)
-            assert int(extract_answer(last["content"])) == sum(parse_terms(expr))
+            _assert_solution_is_right(last["content"], expr)
+    assert {"arith_mono", "arith_thinking", "arith_clone"} <= set(kinds)
+    assert any("-" in c["messages"][1]["content"] for c in first if c["kind"] == "arith_clone")
 
 
 def test_qa_root_hands_each_hop_the_paragraph_that_answers_it() -> None:
