@@ -7,17 +7,21 @@ import gzip
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import matplotlib.axes
 import pytest
 import yaml
 from expectations import REQUIRED_SWEEP_COLUMNS
 
+from selfcest.analysis import delegation_by_size, problem_size
 from selfcest.data.qa import generate_synthetic, type_guess_accuracy
 from selfcest.reports import (
     AT_FLOOR,
     BELOW_MARGIN,
+    COSTS,
     EQUAL_ACCURACY,
     FAILS,
     HOLDS,
@@ -37,6 +41,7 @@ from selfcest.reports import (
     load_sweep,
     method_points,
     missing_methods,
+    plot_benchmark,
     same_weight_groups,
     settings_for,
     summary_markdown,
@@ -276,6 +281,9 @@ def test_settings_per_dataset() -> None:
 
 # --------------------------------------------------------------------------- the report stage on synthetic cells
 HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
+# Problem i of every cell: its arithmetic expression (2, 2, 3 and 3 terms) and the clones it spawned.
+EXPRESSIONS = ["3+4", "9 - 2", "8-6+1", "2*(3+1)"]
+CLONES = [0.0, 2.0, 4.0, 3.0]
 
 
 def _episode(answer: str, text: str) -> dict[str, Any]:
@@ -385,7 +393,9 @@ def write_cell(
                     "method": r["method"],
                     "budget": r["budget"],
                     "problem_id": f"{split}-{i}",
-                    "question": f"Question {i} {HOSTILE}",
+                    "question": f"Calculate the value of {EXPRESSIONS[i]}. {HOSTILE}"
+                    if dataset == "arithmetic"
+                    else f"Question {i} {HOSTILE}",
                     "golds": ["7"],
                     "answer": HOSTILE,
                     "correct": 0.0,
@@ -394,7 +404,7 @@ def write_cell(
                     "total_tokens": 98.0,
                     "critical_path_tokens": 18.0,
                     "latency_seconds": 0.1,
-                    "clones": 1.0,
+                    "clones": CLONES[i],
                     "protocol_error_rate": 1.0,
                     "extra": {"votes": [HOSTILE, None], "winner": 0},
                     "episodes": [_episode(HOSTILE, f"Answer: {HOSTILE}")],
@@ -489,6 +499,21 @@ def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
         png = out / "pareto" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # Delegation by problem size, for the delegating methods only (prompted, selfcest): sizes 2 and 3
+    # hold two problems each, with clones (0, 2) and (4, 3).
+    with (out / "delegation_by_size.csv").open(newline="") as handle:
+        delegation = [
+            (r["dataset"], r["split"], r["method"], int(r["budget"]), int(r["size"]), int(r["n"]))
+            + tuple(float(r[k]) for k in ("delegation_rate", "clones", "accuracy", "gen_tokens"))
+            for r in csv.DictReader(handle)
+        ]
+    assert delegation == [
+        ("arithmetic", "ood", method, budget, size, 2, rate, clones, 0.0, 18.0)
+        for method in ("prompted", "selfcest")
+        for budget in BUDGETS
+        for size, rate, clones in ((2, 0.5, 1.0), (3, 1.0, 3.5))
+    ]
+
     summary = (out / "summary.md").read_text()
     missing_line = next(line for line in summary.splitlines() if line.startswith("- `arithmetic/ood`:"))
     assert "`noclone-grpo` (checkpoint `noclone_model` not found)" in missing_line  # missing, not a crash
@@ -508,7 +533,114 @@ def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
     assert "root/turn1_clone0" in page and "k&lt;b&gt;1&lt;/b&gt;" in page and "max_tokens=24" in page
     assert page.count("<h3>") == 2 * 2  # two problems for each of the two benchmarks
+    # Every method's record at the reference budget only, once per problem.
+    assert set(re.findall(r"\(budget (\d+)\)", page)) == {"200"}
+    headers = re.findall(r"<summary><b>([^<]+)</b> \(budget (\d+)\)", page)
+    arithmetic_methods = ["base", "selfcest", "prompted", "thinking", "sc@4"]  # noclone-grpo is missing
+    assert sorted(headers) == sorted([(m, "200") for m in arithmetic_methods] * 2 + [("base", "200")] * 2)
     assert "http" not in page.replace("http-equiv", "")  # self-contained: nothing fetched
+
+
+def test_problem_size_and_delegation_by_size() -> None:
+    def arithmetic(expression: str) -> dict[str, Any]:
+        return {"dataset": "arithmetic", "question": f"Calculate the value of {expression}."}
+
+    assert problem_size(arithmetic("3+4-(2*5)")) == 4
+    assert problem_size(arithmetic("12 - 3 + 4")) == 3
+    assert problem_size(arithmetic("-3+4")) == 2  # a leading minus is a sign, not a term
+    assert problem_size(arithmetic("7")) == 1
+    assert problem_size({"dataset": "arithmetic", "question": "What is 3+4?"}) is None
+    assert problem_size({"dataset": "qa", "question": "Who?", "num_hops": 3}) == 3
+    assert problem_size({"dataset": "qa", "question": "Who?"}) is None
+
+    def record(method: str, expression: str, clones: float, correct: float, **extra: Any) -> dict[str, Any]:
+        return {
+            **arithmetic(expression),
+            "split": "ood",
+            "method": method,
+            "budget": 200,
+            "clones": clones,
+            "correct": correct,
+            "generated_tokens": 10.0 * (clones + 1),
+            **extra,
+        }
+
+    records = [
+        record("prompted", "3+4", 0.0, 1.0),
+        record("prompted", "5-1", 2.0, 0.0),
+        record("prompted", "5-1+2", 3.0, 1.0, budget=100),
+        record("prompted", "no question", 1.0, 1.0, question="What is 3+4?"),  # no size: left out
+        record("base", "3+4", 1.0, 1.0),  # not a delegation method
+    ]
+    assert delegation_by_size(records, ["prompted", "selfcest"]) == [
+        {
+            "dataset": "arithmetic",
+            "split": "ood",
+            "method": "prompted",
+            "budget": 100,
+            "size": 3,
+            "n": 1,
+            "delegation_rate": 1.0,
+            "clones": 3.0,
+            "accuracy": 1.0,
+            "gen_tokens": 40.0,
+        },
+        {
+            "dataset": "arithmetic",
+            "split": "ood",
+            "method": "prompted",
+            "budget": 200,
+            "size": 2,
+            "n": 2,
+            "delegation_rate": 0.5,
+            "clones": 1.0,
+            "accuracy": 0.5,
+            "gen_tokens": 20.0,
+        },
+    ]
+
+
+def test_pareto_plot_draws_each_method_and_the_frontier_per_cost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: dict[str, list[tuple[matplotlib.axes.Axes, tuple[Any, ...], dict[str, Any]]]] = {
+        "errorbar": [],
+        "step": [],
+    }
+
+    def recording(name: str) -> Callable[..., Any]:
+        original = getattr(matplotlib.axes.Axes, name)
+
+        def wrapper(self: matplotlib.axes.Axes, *args: Any, **kwargs: Any) -> Any:
+            calls[name].append((self, args, kwargs))
+            return original(self, *args, **kwargs)
+
+        return wrapper
+
+    for name in calls:
+        monkeypatch.setattr(matplotlib.axes.Axes, name, recording(name))
+    rows = strong_sweep()
+    order = ["selfcest", "base", "prompted", "thinking", "sc@4", "noclone-grpo"]
+    path = tmp_path / "pareto" / "arithmetic_ood.png"
+    plot_benchmark(list(reversed(rows)), "arithmetic/ood", path, method_order=order)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    panels = list(dict.fromkeys(ax for ax, _, _ in calls["errorbar"]))
+    assert len(panels) == len(COSTS)
+    for ax, cost in zip(panels, COSTS, strict=True):
+        lines = [(kwargs["label"], args) for a, args, kwargs in calls["errorbar"] if a is ax]
+        assert [label for label, _ in lines] == order  # one line per method, in the given order
+        for method, (xs, ys) in lines:
+            mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["budget"])
+            assert list(xs) == [r[cost] for r in mine] and list(ys) == [r["accuracy"] for r in mine]
+        steps = [args for a, args, _ in calls["step"] if a is ax]
+        assert len(steps) == 1  # the frontier, drawn once per cost panel
+        xs, ys = (list(v) for v in steps[0])
+        assert xs[-1] == max(r[cost] for r in rows) and ys[-1] == 0.80  # held to the dearest point
+        assert ys == sorted(ys) and len(xs) >= 2
+    # Generated tokens by hand: selfcest's 40% at 90, 70% at 170 and 80% at 260 beat every cheaper point.
+    xs, ys = next(args for ax, args, _ in calls["step"] if ax is panels[0])
+    assert (list(xs), list(ys)) == ([90, 170, 260, 400], [0.40, 0.70, 0.80, 0.80])
 
 
 def test_missing_methods_from_params() -> None:

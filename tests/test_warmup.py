@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,12 @@ from selfcest.warmup import (
     warmup_settings,
 )
 from stages.common import load_params
+
+
+def logged_rows(path: Path) -> list[tuple[int, float]]:
+    """The (step, loss) rows of a warm-up's CSV log."""
+    with path.open(newline="") as handle:
+        return [(int(row["step"]), float(row["loss"])) for row in csv.DictReader(handle)]
 
 
 class RecordingCollator(DataCollatorForLanguageModeling):
@@ -55,6 +63,8 @@ def test_warmup_trains_through_the_given_collator_on_assistant_tokens_only(
         data_collator=collator,
     )
     assert metrics["steps"] == 2 and len(collator.batches) >= 2  # every batch came through it
+    logged = logged_rows(tmp_path / "log.csv")  # one row per logged step, with its loss
+    assert [step for step, _ in logged] == [1, 2] and all(math.isfinite(loss) for _, loss in logged)
     assistant = {
         tuple(ids): mask for ids, mask in zip(dataset["input_ids"], dataset["assistant_masks"], strict=True)
     }
@@ -195,3 +205,9 @@ def test_a_warmup_killed_after_its_first_epoch_resumes_to_the_same_weights(
     assert resumed_batches == full_batches[-len(resumed_batches) :]
     for ours, theirs in zip(full_model.parameters(), resumed_model.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs)
+    # The resumed log keeps the rows up to the checkpoint and appends the rest: every step once, in
+    # order, with the losses of the uninterrupted run.
+    full_log, resumed_log = logged_rows(tmp_path / "full.csv"), logged_rows(tmp_path / "resumed.csv")
+    assert [step for step, _ in full_log] == list(range(1, 3 * steps_per_epoch + 1))
+    assert [step for step, _ in resumed_log] == [step for step, _ in full_log]
+    assert [loss for _, loss in resumed_log] == pytest.approx([loss for _, loss in full_log], rel=1e-4)
