@@ -17,12 +17,10 @@ PAPER = REPO / "profiles" / "paper.yaml"
 
 
 def _params() -> dict:
-    return OmegaConf.to_container(OmegaConf.load(REPO / "params.yaml"), resolve=False)
+    return load_profile(REPO / "params.yaml")  # as `selfcest profile` reads it
 
 
 def test_the_paper_profile_applies_through_dvc_and_every_stage_config_builds(tmp_path: Path, capsys) -> None:
-    from dvc.utils.hydra import apply_overrides
-
     from selfcest.data.arithmetic import build_arithmetic_splits
     from selfcest.evaluation import MethodSpec, runtime_config_from_params
     from selfcest.grpo import TrainingConfig
@@ -33,10 +31,7 @@ def test_the_paper_profile_applies_through_dvc_and_every_stage_config_builds(tmp
     assert cli_main(["profile", str(PAPER), "--params", str(REPO / "params.yaml"), "--print0"]) == 0
     words = capsys.readouterr().out.split("\0")[:-1]
     assert words[0::2] == ["-S"] * (len(words) // 2)  # what `xargs -0 dvc exp run` receives
-    params_file = tmp_path / "params.yaml"
-    shutil.copy(REPO / "params.yaml", params_file)
-    apply_overrides(params_file, words[1::2])  # exactly what `dvc exp run -S` does to params.yaml
-    merged = OmegaConf.load(params_file)
+    merged = OmegaConf.create(_through_dvc(tmp_path, words[1::2]))
     for key, value in leaves(load_profile(PAPER)):
         assert OmegaConf.select(merged, key) == value, key
     params = OmegaConf.to_container(merged, resolve=True)

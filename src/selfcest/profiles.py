@@ -97,12 +97,20 @@ def parse_set(item: str) -> tuple[str, Any]:
 
 
 def _merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """`update` merged into `base`, mappings key by key, any other value replacing."""
+    """`update` merged into `base` as DVC applies an override: mappings key by key, any other value
+    replacing (a scalar set over a mapping replaces everything under its key)."""
     merged = dict(base)
     for key, value in update.items():
         both = isinstance(merged.get(key), Mapping) and isinstance(value, Mapping)
         merged[key] = _merge(merged[key], value) if both else value
     return merged
+
+
+def _nested(dotted: str, value: Any) -> dict[str, Any]:
+    """`a.b=v` as the tree `{a: {b: v}}`."""
+    for part in reversed(dotted.split(".")):
+        value = {part: value}
+    return value
 
 
 def profile_overrides(
@@ -113,15 +121,10 @@ def profile_overrides(
     profile's other values under its key stay; any other value replaces everything under its key.
     Every key must already exist in `params`: an override of a key that does not exist would be a
     typo that DVC adds silently with `+` or refuses without it."""
-    merged: dict[str, Any] = dict(leaves(profile))
+    tree: dict[str, Any] = dict(profile)
     for item in extra:
-        key, value = parse_set(item)
-        for leaf, leaf_value in leaves({key: value}):
-            for covered in [k for k in merged if k.startswith(leaf + ".")]:
-                del merged[covered]  # a value set here replaces the profile's values under it
-            if isinstance(merged.get(leaf), Mapping) and isinstance(leaf_value, Mapping):
-                leaf_value = _merge(merged[leaf], leaf_value)  # two mapping values: merged, as DVC would
-            merged[leaf] = leaf_value
+        tree = _merge(tree, _nested(*parse_set(item)))
+    merged = dict(leaves(tree))
     unknown = [key for key in merged if not _has_key(params, key)]
     if unknown:
         raise ProfileError(f"keys that params.yaml does not have: {', '.join(unknown)}")
