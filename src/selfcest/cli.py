@@ -154,6 +154,42 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seed_at(repo: Path, revision: str | None, params: str) -> int | None:
+    """The top-level `seed` of the params file at `revision` (YAML 1.2, as DVC reads it), or None
+    when the revision has no such file or no integer seed: the seed only labels the run."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        values = YAML(typ="safe", pure=True).load(read_revision(repo, revision, params))
+    except (FileNotFoundError, YAMLError):
+        return None
+    seed = values.get("seed") if isinstance(values, dict) else None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def cmd_spread(args: argparse.Namespace) -> int:
+    from selfcest.spread import read_metrics, run_labels, spread_markdown
+
+    repo = Path(args.repo)
+    revisions = [None if rev == "workspace" else rev for rev in args.revisions]
+    try:
+        labels = run_labels(revisions, [_seed_at(repo, rev, args.params) for rev in revisions])
+        runs = {
+            label: read_metrics(read_revision(repo, rev, args.metrics), f"{label}:{args.metrics}")
+            for label, rev in zip(labels, revisions, strict=True)
+        }
+        table = spread_markdown(runs)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(table, encoding="utf-8")
+    print(table)
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from selfcest.profiles import ProfileError, dvc_set_args, load_profile, profile_overrides
 
@@ -197,6 +233,23 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--repo", default=".", help="the repository (default: the current directory)")
     compare.add_argument("--sweep", default="reports/sweep.csv", help="the sweep's path in the repository")
     compare.add_argument("--out", default="reports-diff", help="where changes.md and the PNGs go")
+    spread = commands.add_parser(
+        "spread",
+        help="how reports/metrics.json spreads over several runs (seeds, machines, commits): each "
+        "method's accuracy at the reference budget per run, mean and range, and each claim's verdicts",
+    )
+    spread.add_argument(
+        "revisions",
+        nargs="+",
+        help="two or more git revisions (a commit, a branch, a DVC experiment's ref from "
+        "`git for-each-ref refs/exps`); `workspace` is the working tree's file",
+    )
+    spread.add_argument("--repo", default=".", help="the repository (default: the current directory)")
+    spread.add_argument(
+        "--metrics", default="reports/metrics.json", help="the metrics file's path in the repository"
+    )
+    spread.add_argument("--params", default="params.yaml", help="read for each run's seed (its label)")
+    spread.add_argument("--out", help="also write the table to this file")
     profile = commands.add_parser(
         "profile",
         help="print a profile (an overlay on params.yaml, e.g. profiles/paper.yaml) as `dvc exp run` "
@@ -226,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_solve(args)
     if args.command == "compare":
         return cmd_compare(args)
+    if args.command == "spread":
+        return cmd_spread(args)
     return 2
 
 

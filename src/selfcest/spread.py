@@ -1,0 +1,130 @@
+"""How the headline numbers spread over several runs of the pipeline (seeds, CPU kinds, commits).
+
+One run of the tiny default profile is one seed: other seeds move single accuracies by tens of
+points (docs/results.md, "other seeds"). `dvc exp show` lists each run's `reports/metrics.json`
+side by side, one column per number (four splits x nine methods x two numbers, and the claims);
+this module reduces the same files to what a reviewer asks of several runs: per split, each
+method's accuracy at the reference budget in every run with its mean and range, and in how many
+runs each claim held. It reads only `metrics.json` contents (`selfcest.reports.build_metrics`);
+where they come from (git revisions, DVC experiments) is the caller's business.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+CLAIM_NAMES = {
+    "a": "(a) selfcest beats base by the margin",
+    "b": "(b) selfcest's frontier at or above the rivals'",
+    "c": "(c) selfcest beats prompted",
+    "d": "(d) fewer critical-path tokens than base",
+}
+
+
+def read_metrics(text: str, source: str) -> dict[str, Any]:
+    """`metrics.json` text, checked for the shape `build_metrics` writes; errors name `source`."""
+    try:
+        metrics = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{source}: not JSON ({error})") from None
+    benchmarks = metrics.get("benchmarks") if isinstance(metrics, dict) else None
+    if not isinstance(benchmarks, dict):
+        raise ValueError(f"{source}: no 'benchmarks' mapping (not a selfcest metrics.json)")
+    for name, entry in benchmarks.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("methods"), dict):
+            raise ValueError(f"{source}: benchmark {name!r} has no 'methods' mapping")
+        if not isinstance(entry.get("reference_budget"), int):
+            raise ValueError(f"{source}: benchmark {name!r} has no integer 'reference_budget'")
+    claims = metrics.get("claims", {})
+    if not isinstance(claims, dict) or not all(isinstance(v, dict) for v in claims.values()):
+        raise ValueError(f"{source}: 'claims' is not a mapping of benchmark -> {{claim: 0 or 1}}")
+    return metrics
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def spread_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown: per benchmark, each method's accuracy at the reference budget per run (label ->
+    metrics), mean and range over the runs that have it; then each claim's verdict per run.
+
+    Runs must agree on a benchmark's reference budget (else the accuracies are not comparable):
+    a mismatch is a ValueError naming the runs and both budgets. A method or benchmark a run lacks
+    shows as `-` and is left out of that row's mean."""
+    if len(runs) < 2:
+        raise ValueError(f"spread needs at least two runs, got {len(runs)}")
+    labels = list(runs)
+    benchmarks = list(dict.fromkeys(name for m in runs.values() for name in m["benchmarks"]))
+    lines = [
+        f"# Spread over {len(labels)} runs",
+        "",
+        "Runs: " + ", ".join(f"`{label}`" for label in labels) + ".",
+        "",
+    ]
+    for name in benchmarks:
+        present = {
+            label: runs[label]["benchmarks"][name] for label in labels if name in runs[label]["benchmarks"]
+        }
+        budgets = {label: entry["reference_budget"] for label, entry in present.items()}
+        if len(set(budgets.values())) > 1:
+            raise ValueError(
+                f"benchmark {name}: the runs' reference budgets differ ("
+                + ", ".join(f"{label}: {budget}" for label, budget in budgets.items())
+                + "), so their accuracies are not comparable"
+            )
+        budget = next(iter(budgets.values()))
+        methods = list(dict.fromkeys(m for entry in present.values() for m in entry["methods"]))
+        lines += [
+            f"## `{name}` (accuracy at the reference budget {budget}; {len(present)} of {len(labels)} runs)",
+            "",
+            "| method | " + " | ".join(f"`{label}`" for label in labels) + " | mean | min - max |",
+            "|---|" + "---|" * (len(labels) + 2),
+        ]
+        for method in methods:
+            values = [
+                present[label]["methods"].get(method, {}).get("accuracy") if label in present else None
+                for label in labels
+            ]
+            known = [v for v in values if v is not None]
+            mean = statistics.fmean(known) if known else None
+            span = f"{_pct(min(known))} - {_pct(max(known))}" if known else "-"
+            lines.append(
+                f"| `{method}` | " + " | ".join(_pct(v) for v in values) + f" | {_pct(mean)} | {span} |"
+            )
+        lines.append("")
+    lines += [
+        "## Claims (1 holds, 0 does not, - not checked or not in the run)",
+        "",
+        "| claim | benchmark | " + " | ".join(f"`{label}`" for label in labels) + " | held |",
+        "|---|---|" + "---|" * (len(labels) + 1),
+    ]
+    claim_keys = sorted(
+        {key for m in runs.values() for verdicts in m.get("claims", {}).values() for key in verdicts}
+    )
+    for key in claim_keys:
+        for name in benchmarks:
+            verdicts = [runs[label].get("claims", {}).get(name, {}).get(key) for label in labels]
+            checked = [v for v in verdicts if v is not None]
+            if not checked:
+                continue
+            cells = " | ".join("-" if v is None else str(int(v)) for v in verdicts)
+            lines.append(
+                f"| {CLAIM_NAMES.get(key, key)} | `{name}` | {cells} | {sum(map(int, checked))} of {len(checked)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def run_labels(revisions: Sequence[str | None], seeds: Sequence[int | None]) -> list[str]:
+    """`REV (seed N)` labels, the working tree as `workspace`; a label repeated is refused."""
+    labels = [
+        (revision or "workspace") + (f" (seed {seed})" if seed is not None else "")
+        for revision, seed in zip(revisions, seeds, strict=True)
+    ]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ValueError(f"the same run given twice: {', '.join(repeated)}")
+    return labels

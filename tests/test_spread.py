@@ -1,0 +1,158 @@
+"""`selfcest spread`: the headline numbers of several runs side by side, over real git revisions and
+a real DVC experiment (`dvc exp run -S seed=43`), as a reviewer compares seeds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from selfcest.cli import main as cli_main
+from selfcest.spread import read_metrics, run_labels, spread_markdown
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A stage that stands in for the pipeline's report: it writes a metrics.json in the shape
+# `selfcest.reports.build_metrics` writes (the committed one), with numbers that depend on the seed.
+WRITE_METRICS = """\
+import json, sys
+import yaml
+
+seed = yaml.safe_load(open("params.yaml"))["seed"]
+metrics = json.load(open("template.json"))
+qa = metrics["benchmarks"]["qa/test"]["methods"]
+qa["selfcest"]["accuracy"] = round(0.5 + 0.125 * (seed - 42), 6)
+metrics["claims"]["qa/test"]["c"] = int(seed == 43)
+metrics["benchmarks"]["arithmetic/ood"]["methods"].pop("thinking") if seed == 43 else None
+json.dump(metrics, open("reports/metrics.json", "w"), indent=2)
+"""
+
+DVC_YAML = f"""\
+stages:
+  report:
+    cmd: {sys.executable} write_metrics.py
+    deps: [write_metrics.py, template.json]
+    params: [seed]
+    metrics:
+      - reports/metrics.json:
+          cache: false
+"""
+
+
+def _run(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        list(args), cwd=repo, capture_output=True, text=True, check=True, timeout=180
+    ).stdout
+
+
+def _git(repo: Path, *args: str) -> str:
+    return _run(repo, "git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", *args)
+
+
+def _committed_metrics() -> dict:
+    return json.loads((REPO / "reports" / "metrics.json").read_text(encoding="utf-8"))
+
+
+def _row(table: str, section: str, method: str) -> list[str]:
+    """The cells of `method`'s row in `section`'s table."""
+    body = table.split(f"## `{section}`", 1)[1].split("\n## ", 1)[0]
+    line = next(line for line in body.splitlines() if line.startswith(f"| `{method}` |"))
+    return [cell.strip() for cell in line.strip("|").split("|")][1:]
+
+
+def test_spread_over_a_commit_and_a_dvc_experiment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DVC_SITE_CACHE_DIR", str(tmp_path / "site-cache"))
+    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
+    repo = tmp_path / "repo"
+    (repo / "reports").mkdir(parents=True)
+    (repo / "params.yaml").write_text("seed: 42\n", encoding="utf-8")
+    (repo / "write_metrics.py").write_text(WRITE_METRICS, encoding="utf-8")
+    shutil.copy(REPO / "reports" / "metrics.json", repo / "template.json")
+    (repo / "dvc.yaml").write_text(DVC_YAML, encoding="utf-8")
+    _git(repo, "init", "-q")
+    _run(repo, sys.executable, "-m", "dvc", "init", "-q")
+    _run(repo, sys.executable, "-m", "dvc", "config", "core.analytics", "false")
+    _run(repo, sys.executable, "-m", "dvc", "repro", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "seed 42")
+    _run(repo, sys.executable, "-m", "dvc", "exp", "run", "-q", "-S", "seed=43", "-n", "seed43")
+    refs = _git(repo, "for-each-ref", "refs/exps", "--format=%(refname)").split()
+    (experiment,) = [ref for ref in refs if ref.endswith("/seed43")]
+
+    out = tmp_path / "spread.md"
+    assert cli_main(["spread", "HEAD", experiment, "--repo", str(repo), "--out", str(out)]) == 0
+    table = out.read_text(encoding="utf-8")
+    assert table in capsys.readouterr().out
+    assert f"Runs: `HEAD (seed 42)`, `{experiment} (seed 43)`." in table
+    committed = _committed_metrics()["benchmarks"]
+    # selfcest on qa/test: 50% in the seed-42 run, 62.5% in the experiment.
+    assert _row(table, "qa/test", "selfcest") == ["50.0%", "62.5%", "56.2%", "50.0% - 62.5%"]
+    base = committed["qa/test"]["methods"]["base"]["accuracy"]
+    assert _row(table, "qa/test", "base") == [f"{base:.1%}"] * 3 + [f"{base:.1%} - {base:.1%}"]
+    # A method one run lacks shows as `-` there, and the mean is over the run that has it.
+    thinking = committed["arithmetic/ood"]["methods"]["thinking"]["accuracy"]
+    assert _row(table, "arithmetic/ood", "thinking") == [
+        f"{thinking:.1%}",
+        "-",
+        f"{thinking:.1%}",
+        f"{thinking:.1%} - {thinking:.1%}",
+    ]
+    claim_c = next(line for line in table.splitlines() if line.startswith("| (c)") and "`qa/test`" in line)
+    assert claim_c.endswith("| 0 | 1 | 1 of 2 |")
+    # The experiment's results are also in the working tree after `dvc exp run`.
+    assert cli_main(["spread", "HEAD", "workspace", "--repo", str(repo)]) == 0
+    assert _row(capsys.readouterr().out, "qa/test", "selfcest") == [
+        "50.0%",
+        "62.5%",
+        "56.2%",
+        "50.0% - 62.5%",
+    ]
+
+
+def test_spread_names_a_missing_revision_and_refuses_one_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["spread", "HEAD", "no-such-revision", "--repo", str(REPO)]) == 2
+    error = capsys.readouterr().err
+    assert "no-such-revision" in error and "reports/metrics.json" in error
+    assert cli_main(["spread", "HEAD", "HEAD", "--repo", str(REPO)]) == 2
+    assert "given twice" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="at least two runs"):
+        spread_markdown({"a": _committed_metrics()})
+
+
+def test_spread_refuses_runs_whose_reference_budgets_differ() -> None:
+    metrics = _committed_metrics()
+    other = json.loads(json.dumps(metrics))
+    budget = metrics["benchmarks"]["qa/test"]["reference_budget"]
+    other["benchmarks"]["qa/test"]["reference_budget"] = budget * 2
+    with pytest.raises(ValueError, match=rf"qa/test.*old: {budget}, new: {budget * 2}"):
+        spread_markdown({"old": metrics, "new": other})
+
+
+def test_read_metrics_names_the_source_and_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="run1:reports/metrics.json: not JSON"):
+        read_metrics("{", "run1:reports/metrics.json")
+    with pytest.raises(ValueError, match="run1:m.json: no 'benchmarks' mapping"):
+        read_metrics('{"claims": {}}', "run1:m.json")
+    with pytest.raises(ValueError, match="benchmark 'qa/test' has no integer 'reference_budget'"):
+        read_metrics('{"benchmarks": {"qa/test": {"methods": {}}}}', "run1:m.json")
+    with pytest.raises(ValueError, match="'claims' is not a mapping"):
+        read_metrics('{"benchmarks": {}, "claims": {"qa/test": 1}}', "run1:m.json")
+    assert read_metrics(json.dumps(_committed_metrics()), "x") == _committed_metrics()
+
+
+def test_run_labels_name_the_seed_and_the_working_tree() -> None:
+    assert run_labels(["HEAD", None, "abc"], [42, 43, None]) == [
+        "HEAD (seed 42)",
+        "workspace (seed 43)",
+        "abc",
+    ]
+    with pytest.raises(ValueError, match="given twice: HEAD"):
+        run_labels(["HEAD", "HEAD"], [None, None])
