@@ -89,7 +89,7 @@ def test_spread_over_a_commit_and_a_dvc_experiment(
     assert cli_main(["spread", "HEAD", experiment, "--repo", str(repo), "--out", str(out)]) == 0
     table = out.read_text(encoding="utf-8")
     assert table in capsys.readouterr().out
-    assert f"Runs: `HEAD (seed 42)`, `{experiment} (seed 43)`." in table
+    assert "Runs: `HEAD (seed 42)`, `seed43 (seed 43)`." in table  # a full ref by its last part
     committed = _committed_metrics()["benchmarks"]
     # selfcest on qa/test: 50% in the seed-42 run, 62.5% in the experiment.
     assert _row(table, "qa/test", "selfcest") == ["50.0%", "62.5%", "56.2%", "50.0% - 62.5%"]
@@ -149,10 +149,11 @@ def test_read_metrics_names_the_source_and_what_is_wrong() -> None:
 
 
 def test_run_labels_name_the_seed_and_the_working_tree() -> None:
-    assert run_labels(["HEAD", None, "abc"], [42, 43, None]) == [
+    assert run_labels(["HEAD", None, "abc", "refs/exps/b2/9e1f/seed44"], [42, 43, None, 44]) == [
         "HEAD (seed 42)",
         "workspace (seed 43)",
         "abc",
+        "seed44 (seed 44)",
     ]
     with pytest.raises(ValueError, match="given twice: HEAD"):
         run_labels(["HEAD", "HEAD"], [None, None])

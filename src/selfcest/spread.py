@@ -119,9 +119,15 @@ def spread_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def run_labels(revisions: Sequence[str | None], seeds: Sequence[int | None]) -> list[str]:
-    """`REV (seed N)` labels, the working tree as `workspace`; a label repeated is refused."""
+    """`REV (seed N)` labels, the working tree as `workspace`, a full ref (`refs/.../name`, as a DVC
+    experiment's `refs/exps/ab/c0ffee.../seed43`) by its last part; a label repeated is refused."""
     labels = [
-        (revision or "workspace") + (f" (seed {seed})" if seed is not None else "")
+        (
+            revision.rsplit("/", 1)[-1]
+            if revision and revision.startswith("refs/")
+            else revision or "workspace"
+        )
+        + (f" (seed {seed})" if seed is not None else "")
         for revision, seed in zip(revisions, seeds, strict=True)
     ]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
