@@ -71,7 +71,8 @@ def test_spread_over_a_commit_and_a_dvc_experiment(
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
     repo = tmp_path / "repo"
     (repo / "reports").mkdir(parents=True)
-    (repo / "params.yaml").write_text("seed: 42\n", encoding="utf-8")
+    # As in the project's params.yaml, a stage's own seed follows the top-level one.
+    (repo / "params.yaml").write_text("seed: 42\nreport:\n  seed: ${seed}\n", encoding="utf-8")
     (repo / "write_metrics.py").write_text(WRITE_METRICS, encoding="utf-8")
     shutil.copy(REPO / "reports" / "metrics.json", repo / "template.json")
     (repo / "dvc.yaml").write_text(DVC_YAML, encoding="utf-8")
@@ -113,6 +114,19 @@ def test_spread_over_a_commit_and_a_dvc_experiment(
         "56.2%",
         "50.0% - 62.5%",
     ]
+    # `dvc exp run -S` writes `${seed}` resolved, so a second `-S seed=44` on that working tree
+    # leaves the stage's seed at 43, and the label says so; restoring params.yaml first (the
+    # README's workflow) gives a run of one seed.
+    exp = (sys.executable, "-m", "dvc", "exp", "run", "-q")
+    _run(repo, *exp, "-S", "seed=44", "-n", "seed44mixed")
+    _git(repo, "checkout", "--", "params.yaml")
+    _run(repo, *exp, "-S", "seed=44", "-n", "seed44")
+    refs = _git(repo, "for-each-ref", "refs/exps", "--format=%(refname)").split()
+    runs = [next(ref for ref in refs if ref.endswith(f"/{name}")) for name in ("seed44mixed", "seed44")]
+    assert cli_main(["spread", "HEAD", *runs, "--repo", str(repo)]) == 0
+    assert (
+        "Runs: `HEAD (seed 42)`, `seed44mixed (seeds 44, 43)`, `seed44 (seed 44)`." in capsys.readouterr().out
+    )
 
 
 def test_spread_names_a_missing_revision_and_refuses_one_run(
@@ -149,11 +163,11 @@ def test_read_metrics_names_the_source_and_what_is_wrong() -> None:
 
 
 def test_run_labels_name_the_seed_and_the_working_tree() -> None:
-    assert run_labels(["HEAD", None, "abc", "refs/exps/b2/9e1f/seed44"], [42, 43, None, 44]) == [
+    assert run_labels(["HEAD", None, "abc", "refs/exps/b2/9e1f/seed44"], [[42], [43], [], [44, 43]]) == [
         "HEAD (seed 42)",
         "workspace (seed 43)",
         "abc",
-        "seed44 (seed 44)",
+        "seed44 (seeds 44, 43)",
     ]
     with pytest.raises(ValueError, match="given twice: HEAD"):
-        run_labels(["HEAD", "HEAD"], [None, None])
+        run_labels(["HEAD", "HEAD"], [[], []])

@@ -154,18 +154,31 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seed_at(repo: Path, revision: str | None, params: str) -> int | None:
-    """The top-level `seed` of the params file at `revision` (YAML 1.2, as DVC reads it), or None
-    when the revision has no such file or no integer seed: the seed only labels the run."""
+def _seeds_at(repo: Path, revision: str | None, params: str) -> list[int]:
+    """The distinct integer values of every `seed` key in the params file at `revision` (YAML 1.2,
+    as DVC reads it), top level first; none when the revision has no such file. They only label the
+    run, but more than one shows a run whose stages did not share its seed: `dvc exp run -S seed=N`
+    writes `${seed}` resolved, so a second `-S seed=M` on that workspace changes the top-level seed
+    alone."""
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 
     try:
         values = YAML(typ="safe", pure=True).load(read_revision(repo, revision, params))
     except (FileNotFoundError, YAMLError):
-        return None
-    seed = values.get("seed") if isinstance(values, dict) else None
-    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+        return []
+    seeds: list[int] = []
+    pending = [values]
+    while pending:  # breadth first: the top-level seed before the stages' own
+        node = pending.pop(0)
+        if isinstance(node, dict):
+            seed = node.get("seed")
+            if isinstance(seed, int) and not isinstance(seed, bool) and seed not in seeds:
+                seeds.append(seed)
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return seeds
 
 
 def cmd_spread(args: argparse.Namespace) -> int:
@@ -174,7 +187,7 @@ def cmd_spread(args: argparse.Namespace) -> int:
     repo = Path(args.repo)
     revisions = [None if rev == "workspace" else rev for rev in args.revisions]
     try:
-        labels = run_labels(revisions, [_seed_at(repo, rev, args.params) for rev in revisions])
+        labels = run_labels(revisions, [_seeds_at(repo, rev, args.params) for rev in revisions])
         runs = {
             label: read_metrics(read_revision(repo, rev, args.metrics), f"{label}:{args.metrics}")
             for label, rev in zip(labels, revisions, strict=True)

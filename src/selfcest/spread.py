@@ -118,18 +118,20 @@ def spread_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_labels(revisions: Sequence[str | None], seeds: Sequence[int | None]) -> list[str]:
-    """`REV (seed N)` labels, the working tree as `workspace`, a full ref (`refs/.../name`, as a DVC
-    experiment's `refs/exps/ab/c0ffee.../seed43`) by its last part; a label repeated is refused."""
-    labels = [
-        (
+def run_labels(revisions: Sequence[str | None], seeds: Sequence[Sequence[int]]) -> list[str]:
+    """`REV (seed N)` labels (`seeds N, M` when a run's params hold several), the working tree as
+    `workspace`, a full ref (`refs/.../name`, as a DVC experiment's `refs/exps/ab/c0ffee.../seed43`)
+    by its last part; a label repeated is refused."""
+    labels = []
+    for revision, values in zip(revisions, seeds, strict=True):
+        name = (
             revision.rsplit("/", 1)[-1]
             if revision and revision.startswith("refs/")
             else revision or "workspace"
         )
-        + (f" (seed {seed})" if seed is not None else "")
-        for revision, seed in zip(revisions, seeds, strict=True)
-    ]
+        if values:
+            name += f" ({'seed' if len(values) == 1 else 'seeds'} {', '.join(map(str, values))})"
+        labels.append(name)
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
         raise ValueError(f"the same run given twice: {', '.join(repeated)}")
