@@ -160,12 +160,11 @@ def _seeds_at(repo: Path, revision: str | None, params: str) -> list[int]:
     run, but more than one shows a run whose stages did not share its seed: `dvc exp run -S seed=N`
     writes `${seed}` resolved, so a second `-S seed=M` on that workspace changes the top-level seed
     alone."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import YAMLError
+    from selfcest.profiles import ProfileError, read_yaml
 
     try:
-        values = YAML(typ="safe", pure=True).load(read_revision(repo, revision, params))
-    except (FileNotFoundError, YAMLError):
+        values = read_yaml(read_revision(repo, revision, params), f"{revision or 'workspace'}:{params}")
+    except (FileNotFoundError, ProfileError):
         return []
     seeds: list[int] = []
     pending = [values]

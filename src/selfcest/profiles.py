@@ -8,6 +8,7 @@ list exactly what the profile changed against the embedded default.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Iterable, Mapping
@@ -74,7 +75,11 @@ def _quote(text: str) -> str:
     return "'" + escaped.replace("'", "\\'") + "'"
 
 
-_OVERRIDE_PARSER = OverridesParser.create()
+@functools.cache
+def _override_parser() -> OverridesParser:
+    """Hydra's override parser, built on first use (not at import: `selfcest spread` imports this
+    module for `read_yaml` alone)."""
+    return OverridesParser.create()
 
 
 def parse_set(item: str) -> tuple[str, Any]:
@@ -85,7 +90,7 @@ def parse_set(item: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ProfileError(f"--set expects key=value, got {item!r}")
     try:
-        override = _OVERRIDE_PARSER.parse_override(f"{key}={raw}")
+        override = _override_parser().parse_override(f"{key}={raw}")
     except HydraException as exc:
         raise ProfileError(
             f"--set {item!r}: not a value of `dvc exp run -S` (Hydra's override grammar; quote a string "
@@ -131,14 +136,18 @@ def profile_overrides(
     return [f"{key}={_value(value)}" for key, value in merged.items()]
 
 
-def load_profile(path: Path | str) -> dict[str, Any]:
-    """A profile (or params) file read as DVC reads params.yaml: YAML 1.2, so `3e-05` is a number and
-    `no` a string (PyYAML's YAML 1.1 reads them the other way round)."""
+def read_yaml(text: str, source: Path | str) -> Any:
+    """`text` read as DVC reads params.yaml: YAML 1.2, so `3e-05` is a number and `no` a string
+    (PyYAML's YAML 1.1 reads them the other way round). Invalid YAML is a ProfileError naming `source`."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = YAML(typ="safe", pure=True).load(handle)
+        return YAML(typ="safe", pure=True).load(text)
     except YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
+        raise ProfileError(f"{source}: not valid YAML: {exc}") from exc
+
+
+def load_profile(path: Path | str) -> dict[str, Any]:
+    """A profile (or params) file, read by `read_yaml`: a mapping of params.yaml keys."""
+    data = read_yaml(Path(path).read_text(encoding="utf-8"), path)
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: expected a mapping of params.yaml keys, got {type(data).__name__}")
     return data
