@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args()
     arithmetic = load_params(args.params)["arithmetic"]
+    # What `benchmarks.probes.active_generator` reads; that module loads torch and TRL on import
+    # (~17 s measured), which this model-free count does not need.
     generator = config_from_mapping(arithmetic["profiles"][arithmetic["profile"]].get("generator") or {})
     for num_operators in args.operators:
         config = config_from_mapping({"num_operators": (num_operators, num_operators)}, generator)
