@@ -7,6 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfcest.protocol import (
+    MAX_CALL_CHARS,
+    MAX_REPAIR_CHARS,
     CloneOutcome,
     extract_answer,
     format_tool_response,
@@ -156,3 +158,20 @@ def test_an_unparseable_number_costs_one_call_not_the_turn() -> None:
     good = '<tool_call>{"name": "spawn_clone", "arguments": {"objectives": [{"task": "Add 1 and 2."}]}}</tool_call>'
     parsed = parse_tool_calls(bad + good, max_calls=2, max_objectives=4)
     assert [o.task for call in parsed.calls for o in call.objectives][-1] == "Add 1 and 2."
+
+
+def test_long_malformed_calls_are_rejected_not_repaired() -> None:
+    """json_repair's time grows with the square of a body's length, so only short malformed calls are
+    repaired; a long one is an error, while a long well-formed call is still read."""
+    head = '{"name": "spawn_clone", "arguments": {"objectives": ["'
+    short = parse_tool_calls("<tool_call>" + head + "Say 1.", max_calls=2, max_objectives=4)
+    assert short.repairs == 1 and [o.task for c in short.calls for o in c.objectives] == ["Say 1."]
+    long_body = (head + 'a"b' * MAX_REPAIR_CHARS)[: MAX_REPAIR_CHARS + 100]
+    long = parse_tool_calls("<tool_call>" + long_body, max_calls=2, max_objectives=4)
+    assert not long.calls and long.repairs == 0
+    assert [e.kind for e in long.errors] == ["call_too_long"]
+    tasks = [f"Calculate the value of {i}+{i}." for i in range(4)]
+    well_formed = call([{"task": task + " " * (MAX_REPAIR_CHARS // 4)} for task in tasks])
+    assert MAX_REPAIR_CHARS < len(well_formed) < MAX_CALL_CHARS
+    parsed = parse_tool_calls(well_formed, max_calls=2, max_objectives=4)
+    assert [o.task for c in parsed.calls for o in c.objectives] == tasks and not parsed.errors

@@ -45,7 +45,11 @@ def splitting_policy(prompt: str) -> str:
 def check_accounting(episode: Episode, config: RuntimeConfig) -> None:
     assert episode.generated_tokens <= episode.budget
     assert episode.generated_tokens == sum(a.generated_tokens for a in episode.agents)
-    assert episode.total_tokens == sum(len(a.token_ids) for a in episode.agents)
+    # the engine read each agent's context up to its last generated token, and nothing after it
+    last_generated = [
+        max((i + 1 for i, m in enumerate(a.generated_mask) if m), default=0) for a in episode.agents
+    ]
+    assert episode.total_tokens == sum(last_generated)
     for agent in episode.agents:
         assert sum(agent.generated_mask) == agent.generated_tokens
         assert agent.prompt_tokens + agent.generated_tokens == len(agent.token_ids)
@@ -173,6 +177,9 @@ def test_a_clone_granted_less_than_min_clone_tokens_is_not_started(
         assert (last.status, last.generated_tokens, last.turns) == ("budget_exhausted", 0, [])
         assert last.failure == "token budget exhausted" and last.answer is None
         assert episode.budget_exhausted
+        # its prompt never reached the engine, so it costs nothing
+        assert last.prompt_tokens > 0
+        assert episode.total_tokens == sum(len(a.token_ids) for a in episode.agents if a.turns)
         assert "turn1_clone3: failed" in tiny_tokenizer.decode(episode.root.token_ids)
     assert episode.final_answer == "6"  # the root adds the three answers it got
 
@@ -405,3 +412,89 @@ def test_an_answer_cut_by_the_token_limit_is_not_an_answer(tiny_tokenizer) -> No
     assert cut.turns[-1].finish_reason == "length" and cut.turns[-1].text.startswith("Answer:")
     assert (cut.status, cut.answer) == ("truncated", None) and whole.status == "ok"
     assert "turn1_clone0: failed" in tiny_tokenizer.decode(episode.root.token_ids)
+
+
+def test_a_turn_ended_by_the_other_end_of_sequence_token_keeps_its_clones(tiny_tokenizer) -> None:
+    """Qwen3 stops on <|endoftext|> as well as <|im_end|>, while its template closes every turn with
+    <|im_end|>: the sampled token stands for that marker, and the root reads its clones' answers."""
+    results = {}
+    for end in ("<|im_end|>", "<|endoftext|>"):
+        engine = ScriptedEngine(tiny_tokenizer, splitting_policy)
+        engine.end_id = tiny_tokenizer.convert_tokens_to_ids(end)
+        config = RuntimeConfig()
+        [episode] = Runtime(engine, config).run([Task("t", arithmetic_question("1+2+30+4"))])
+        assert (episode.final_answer, episode.root.status, episode.protocol_errors) == ("37", "ok", [])
+        check_accounting(episode, config)
+        root_ids = episode.root.token_ids
+        assert root_ids[len(root_ids) - 1 - root_ids[::-1].index(engine.end_id)] == engine.end_id
+        results[end] = [a.generated_tokens for a in episode.agents]
+    assert results["<|im_end|>"] == results["<|endoftext|>"]
+
+
+def test_a_parent_resumes_in_the_round_its_last_clone_fails(tiny_tokenizer, monkeypatch) -> None:
+    """Depth 2: the middle clone fails when its tool message cannot be appended; its parent, the
+    root, must get its tool message in the same pass, not be left waiting until the round limit."""
+
+    def policy(prompt: str) -> str:
+        if "<tool_response>" in last_user(prompt):
+            return "Answer: 7"
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return spawn([{"task": "Say 7."}]) if "Delegate" in prompt else "Answer: 7"
+        return spawn([{"task": "Delegate: say 7."}])
+
+    append = Runtime._append_rendered_suffix
+
+    def fail_the_middle_clone(self: Runtime, state, index: int) -> bool:
+        return False if state.episode.agents[index].depth == 1 else append(self, state, index)
+
+    monkeypatch.setattr(Runtime, "_append_rendered_suffix", fail_the_middle_clone)
+    [episode] = Runtime(ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig(max_depth=2)).run(
+        [Task("t", "Do it.")]
+    )
+    middle = episode.agents[1]
+    assert (middle.status, middle.depth) == ("failed", 1)
+    assert (episode.root.status, episode.final_answer) == ("ok", "7")
+    assert "round_limit" not in [e["kind"] for e in episode.protocol_errors]
+
+
+def test_asking_a_clone_for_fewer_tokens_than_any_clone_starts_with_is_a_bad_argument(
+    tiny_tokenizer,
+) -> None:
+    """max_tokens below `min_clone_tokens` is the root's bad argument (the default budget applies),
+    not the episode running out of budget."""
+
+    def policy(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return "Answer: 2"
+        if "<tool_response>" in last_user(prompt):
+            return "Answer: 2"
+        return spawn([{"task": "Calculate the value of 1+1.", "max_tokens": 1}])
+
+    config = RuntimeConfig(min_clone_tokens=2)
+    [episode] = Runtime(ScriptedEngine(tiny_tokenizer, policy), config).run(
+        [Task("t", arithmetic_question("1+1"))]
+    )
+    clone = episode.agents[1]
+    assert (clone.status, clone.requested_max_tokens, clone.max_tokens) == (
+        "ok",
+        None,
+        config.default_clone_max_tokens,
+    )
+    assert not episode.budget_exhausted and episode.final_answer == "2"
+    assert [e["kind"] for e in episode.protocol_errors] == ["invalid_max_tokens"]
+    check_accounting(episode, config)
+
+
+def test_a_row_ended_by_a_stop_string_ends_there_even_when_padded_with_a_stop_token(
+    tiny_model, tiny_tokenizer
+) -> None:
+    """`generate` pads a row that a stop string ended; where the pad token is also a stop token
+    (Qwen3's <|endoftext|>) the row still ends where the stop string does, not one pad later."""
+    engine = TransformersEngine(tiny_model, tiny_tokenizer)
+    pad = tiny_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    engine.stop_ids = [*engine.stop_ids, pad]
+    words = tiny_tokenizer.encode("Answer: 3\nmore", add_special_tokens=False)
+    row = words + [pad, pad]
+    assert engine._finished_length(row, 16, ("\nmore",)) == (len(words), "stop")
+    assert engine._finished_length(row, 16, ()) == (len(words) + 1, "stop")  # the pad ends it
+    assert engine._finished_length(words, len(words) - 1, ()) == (len(words) - 1, "length")

@@ -258,16 +258,19 @@ class TransformersEngine:
     def _finished_length(
         self, tokens: list[int], max_new_tokens: int, stop_strings: tuple[str, ...]
     ) -> tuple[int, FinishReason]:
-        """Where this row really stopped: `generate` pads finished rows up to the longest row."""
+        """Where this row really stopped: `generate` pads finished rows up to the longest row.
+
+        The earlier of a stop token and the end of a stop string: a row ended by a stop string is
+        padded, and the pad token can be a stop token too (Qwen3's <|endoftext|>)."""
         limit = min(len(tokens), max_new_tokens)
-        for position in range(limit):
-            if tokens[position] in self.stop_ids:
-                return position + 1, "stop"
+        stop_token_end = next((p + 1 for p in range(limit) if tokens[p] in self.stop_ids), None)
         if stop_strings:
-            for position in range(1, limit + 1):
+            for position in range(1, (stop_token_end or limit) + 1):
                 text = self.tokenizer.decode(tokens[:position], skip_special_tokens=False)
                 if any(stop in text for stop in stop_strings):
                     return position, "stop"
+        if stop_token_end is not None:
+            return stop_token_end, "stop"
         return limit, "length"
 
 

@@ -138,7 +138,9 @@ class Episode:
     final_text: str = ""
     generated_tokens: int = 0
     total_tokens: int = 0
-    """Generated plus prompt tokens of every agent (each agent's final context counted once)."""
+    """Tokens the engine processed: each agent's context up to its last generated token (prompt and
+    tool messages it read, plus what it generated), counted once. A clone refused for lack of budget
+    and a tool message its agent never read count nothing."""
     critical_path_tokens: int = 0
     """Longest chain of generated tokens that depend on each other (root turns + slowest clones)."""
     wall_seconds: float = 0.0
@@ -167,7 +169,12 @@ class _State:
     messages: list[list[dict[str, str]]]
     """Chat messages per agent, to render tool messages with the model's own template."""
     rendered: list[str]
-    """The text each agent's `token_ids` decode to, for prefix checks."""
+    """The text each agent's `token_ids` decode to, for prefix checks; without the special token that
+    ended its last turn, which the chat template writes as its own end-of-turn marker."""
+    closed_by_special: set[int] = field(default_factory=set)
+    """Agents whose last turn ended on a sampled special stop token (left out of `rendered`)."""
+    processed: dict[int, int] = field(default_factory=dict)
+    """Per agent, how many of its `token_ids` the engine has read or written (its last turn's end)."""
     ready: list[int] = field(default_factory=list)
     started: float = 0.0
     done: bool = False
@@ -180,6 +187,8 @@ class Runtime:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.config = config
+        # The template's end-of-turn marker is one of these; longest first so no marker is cut short.
+        self._special_tokens_longest_first = sorted(self.tokenizer.all_special_tokens, key=len, reverse=True)
 
     # ------------------------------------------------------------------ public
     def run(
@@ -288,24 +297,28 @@ class Runtime:
             agent = state.episode.agents[index]
             agent.token_ids.extend(tokens)
             agent.generated_mask.extend([1] * len(tokens))
+            state.processed[index] = len(agent.token_ids)
             if sampling.return_logprobs:
                 agent.logprobs = (agent.logprobs or []) + list(result.logprobs or [])[: len(tokens)]
             agent.generated_tokens += len(tokens)
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            rendered = self.tokenizer.decode(tokens, skip_special_tokens=False)
-            state.rendered[index] += rendered
             agent.turns.append(TurnRecord(text, len(tokens), grant, result.finish_reason))
             # The history keeps what the model saw, special tokens generated mid-turn included (the
             # parser reads `text`): the template must re-render it verbatim before the tool message.
-            # Only the stop token that ended the turn is left out, since the template closes the turn.
-            ended_by_special = (
+            # Only the stop token that ended the turn is left out, since the template closes the turn
+            # with its own marker, which need not be the token sampled (Qwen3 stops on <|im_end|> and
+            # on <|endoftext|>; its template always writes <|im_end|>).
+            ended_by_special = bool(
                 result.finish_reason == "stop" and tokens and tokens[-1] in self.tokenizer.all_special_ids
             )
-            content = (
-                self.tokenizer.decode(tokens[:-1], skip_special_tokens=False)
-                if ended_by_special
-                else rendered
+            content = self.tokenizer.decode(
+                tokens[:-1] if ended_by_special else tokens, skip_special_tokens=False
             )
+            state.rendered[index] += content
+            if ended_by_special:
+                state.closed_by_special.add(index)
+            else:
+                state.closed_by_special.discard(index)
             self._after_turn(state, index, text, result.finish_reason, content)
         for state in states:
             self._resume_waiting(state)
@@ -339,6 +352,13 @@ class Runtime:
             elif parsed.calls:
                 state.episode.num_tool_calls += len(parsed.calls)
                 objectives = [objective for call in parsed.calls for objective in call.objectives]
+                for position, objective in enumerate(objectives):
+                    # A clone is never started with fewer tokens than this; asking for fewer is a bad
+                    # argument (the default budget applies), not the episode's budget running out.
+                    if objective.max_tokens is not None and objective.max_tokens < config.min_clone_tokens:
+                        detail = f"objective {position}: {objective.max_tokens} < {config.min_clone_tokens}"
+                        self._record_errors(state, agent, [ProtocolError("invalid_max_tokens", detail)])
+                        objective.max_tokens = None
                 spawned = [
                     self._spawn(
                         state, index, position, objective.task, objective.context, objective.max_tokens
@@ -421,7 +441,10 @@ class Runtime:
         """Give each waiting agent whose clones have all finished its tool message, and queue it."""
         if state.done:
             return
-        for index, agent in enumerate(state.episode.agents):
+        # Deepest first: clones always come after their parent, so a clone failed here (a template
+        # mismatch) is settled before its parent is looked at, and the parent resumes this round
+        # instead of waiting for a round that may never come.
+        for index, agent in reversed(list(enumerate(state.episode.agents))):
             if agent.status != "waiting" or index in state.ready:
                 continue
             children = agent.children[-1]
@@ -453,22 +476,28 @@ class Runtime:
         """Extend an agent's tokens with the template's rendering of the new tool message.
 
         The generated tokens stay exactly as sampled (training needs them); only the new suffix
-        is tokenized, which requires a template that renders assistant text verbatim. False (and
-        nothing appended) when it does not: the caller fails this agent, not the whole batch.
+        is tokenized, which requires a template that renders assistant text verbatim. Where the turn
+        ended on a sampled special stop token, that token stands for the template's end-of-turn
+        marker, so the suffix starts after the marker. False (and nothing appended) when the template
+        does not render the turn verbatim: the caller fails this agent, not the whole batch.
         """
         agent = state.episode.agents[index]
         text = self.tokenizer.apply_chat_template(
             state.messages[index], tools=self._tools_for(agent), add_generation_prompt=True, tokenize=False
         )
         prefix = state.rendered[index]
-        if not text.startswith(prefix):
+        remainder = text[len(prefix) :] if text.startswith(prefix) else None
+        if remainder is not None and index in state.closed_by_special:
+            marker = next((t for t in self._special_tokens_longest_first if remainder.startswith(t)), None)
+            remainder = remainder[len(marker) :] if marker is not None else None
+        if remainder is None:
             log.warning(
                 "the chat template does not render agent %s's turns verbatim, so its multi-turn token "
                 "accounting is impossible: the agent fails",
                 agent.agent_id,
             )
             return False
-        suffix_ids = self.tokenizer.encode(text[len(prefix) :], add_special_tokens=False)
+        suffix_ids = self.tokenizer.encode(remainder, add_special_tokens=False)
         agent.token_ids.extend(suffix_ids)
         agent.generated_mask.extend([0] * len(suffix_ids))
         state.rendered[index] = text
@@ -501,7 +530,7 @@ class Runtime:
         episode.final_answer = root.answer
         episode.final_text = root.turns[-1].text if root.turns else ""
         episode.generated_tokens = sum(a.generated_tokens for a in episode.agents)
-        episode.total_tokens = sum(len(a.token_ids) for a in episode.agents)
+        episode.total_tokens = sum(state.processed.values())
         episode.critical_path_tokens = root.critical_path_tokens
         episode.wall_seconds = time.perf_counter() - state.started
         if episode.generated_tokens > episode.budget:  # the grants make this impossible; keep it loud
