@@ -28,15 +28,17 @@ from selfcest.evaluation import (
     evaluate_cell,
     load_problems,
     majority_vote,
+    math_vote_keys,
     problem_from_record,
     runtime_config_from_params,
     score_answer,
     select_indices,
     summarize,
+    vote_keys,
 )
 from selfcest.prompts import CLONE_SYSTEM_PROMPT, THINKING_SYSTEM_PROMPT
 from selfcest.reports import method_applies
-from selfcest.runtime import RuntimeConfig
+from selfcest.runtime import Episode, RuntimeConfig
 from selfcest.scripted import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,6 +141,32 @@ def test_answer_keys_group_equivalent_answers() -> None:
     assert answer_key("qa", None) is None and answer_key("qa", "the") is None
     assert answer_key("math", None, r"so \boxed{ \frac{1}{2} }") == answer_key("math", r"\frac{1}{2}")
     assert answer_key("math", "033") == answer_key("math", "33")
+    # str.isdigit() accepts superscripts that int() rejects: a key, not a crash of the whole unit
+    assert answer_key("math", None, r"\boxed{4²}") == "4²"
+
+
+def test_math_votes_count_equivalent_spellings_as_one_answer() -> None:
+    """Three samples say 1/2 in three spellings, two say 3: 1/2 wins, as the scorer would count it."""
+    texts = [
+        r"\boxed{\dfrac{1}{2}}",
+        r"\boxed{3}",
+        r"\boxed{\frac{1}{2}}",
+        r"\boxed{3}",
+        r"\boxed{\tfrac12}",
+        "no box",
+    ]
+    group = [
+        Episode(task_id="p", sample_index=i, mode="monolithic", budget=64, agents=[], final_text=text)
+        for i, text in enumerate(texts)
+    ]
+    keys = vote_keys("math", group)
+    assert keys[0] == keys[2] == keys[4] != keys[1] == keys[3] and keys[5] is None
+    winner = majority_vote(keys)
+    assert winner == 0
+    assert score_answer(Problem("p", "math", "q", [r"\frac{1}{2}"]), None, texts[winner])[0] == 1.0
+    # spellings alone (before merging) split the majority: 3 would have won
+    assert majority_vote([answer_key("math", None, text) for text in texts]) == 1
+    assert math_vote_keys(["0.5", r"\frac{1}{2}", None, "2"]) == ["0.5", "0.5", None, "2"]
 
 
 def test_scoring_per_dataset() -> None:

@@ -201,7 +201,41 @@ def answer_key(dataset: str, answer: str | None, text: str = "") -> Hashable | N
     if not content:
         return None
     key = _MATH_NOISE.sub("", content)
-    return str(int(key)) if key.isdigit() else (key or None)
+    # isascii: str.isdigit() also accepts superscripts such as "²", which int() rejects.
+    return str(int(key)) if key.isascii() and key.isdigit() else (key or None)
+
+
+def math_vote_keys(keys: Sequence[Hashable | None]) -> list[Hashable | None]:
+    """sc@k on math: merge the vote keys of answers that the scorer counts as the same answer.
+
+    `answer_key` only strips LaTeX spacing, so "\\dfrac{1}{2}", "\\frac12" and "0.5" arrive as three
+    keys and a majority split across spellings could lose to a minority that agrees on one. Each key
+    joins the first earlier group whose first key math-verify finds equivalent (`math_equivalent`, the
+    same test that scores the winner), so the vote counts answers as the scorer does. At most k(k-1)/2
+    comparisons for k samples, each bounded by the scorer's own timeout.
+    """
+    representatives: list[str] = []
+    merged: list[Hashable | None] = []
+    for key in keys:
+        if key is None:
+            merged.append(None)
+            continue
+        text = str(key)
+        match = next(
+            (rep for rep in representatives if rep == text or math_equivalent(f"\\boxed{{{text}}}", rep)),
+            None,
+        )
+        if match is None:
+            representatives.append(text)
+            match = text
+        merged.append(match)
+    return merged
+
+
+def vote_keys(dataset: str, group: Sequence[Episode]) -> list[Hashable | None]:
+    """Each sample's vote in sc@k, in sample order: equal keys are the same answer."""
+    keys = [answer_key(dataset, e.final_answer, episode_answer_text(e)) for e in group]
+    return keys if dataset in ("arithmetic", "qa") else math_vote_keys(keys)
 
 
 def majority_vote(keys: Sequence[Hashable | None]) -> int | None:
@@ -417,7 +451,7 @@ class Evaluator:
     def _vote(self, problem: Problem, group: list[Episode]) -> ProblemResult:
         """sc@k: the majority answer, with the costs of parallel samples."""
         texts = [episode_answer_text(e) for e in group]
-        keys = [answer_key(problem.dataset, e.final_answer, t) for e, t in zip(group, texts, strict=True)]
+        keys = vote_keys(problem.dataset, group)
         winner = majority_vote(keys)
         answer = group[winner].final_answer if winner is not None else None
         correct, f1 = score_answer(problem, answer, texts[winner] if winner is not None else "")
