@@ -111,7 +111,7 @@ def test_warmup_loss_and_gradients_are_trls_on_the_same_batch(
         report_to="none",
         use_cpu=True,
         bf16=False,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
     )
     results = []
     for trainer_class in (SFTTrainer, AssistantTokenLossSFTTrainer):

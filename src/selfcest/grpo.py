@@ -438,7 +438,8 @@ def build_trainer(
         use_cpu=not torch.cuda.is_available(),
         bf16=training.bf16,
         fp16=False,
-        gradient_checkpointing=training.gradient_checkpointing,
+        # transformers 5 renamed gradient_checkpointing (a deprecated alias until v6); params keep the old name
+        activation_checkpointing=training.gradient_checkpointing,
         seed=selfcest.seed,
         data_seed=selfcest.seed,
         dataloader_num_workers=0,

@@ -233,7 +233,7 @@ def run_warmup(
         seed=config.seed,
         data_seed=config.seed,
         dataloader_num_workers=0,
-        gradient_checkpointing=False,  # TRL defaults to True; it only costs time on a tiny model
+        activation_checkpointing=False,  # TRL defaults to True; it only costs time on a tiny model
         train_sampling_strategy="group_by_length",  # less padding: arithmetic and QA lengths differ a lot
         disable_tqdm=False,
         remove_unused_columns=True,

@@ -1,0 +1,1 @@
+"""Data of the default and paper profiles: synthetic arithmetic, multi-hop QA (synthetic and real), math."""
