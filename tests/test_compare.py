@@ -38,6 +38,12 @@ def _dvc(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _moved(accuracy: float) -> float:
+    """The accuracy a rerun moved by 25 points, within [0, 1] whatever the committed value (a
+    committed 100% must still move)."""
+    return round(accuracy + 0.25 if accuracy <= 0.75 else accuracy - 0.25, 6)
+
+
 def _set_accuracy(repo: Path, bench: str, method: str, accuracy: float) -> None:
     """What a rerun that moved one method on one benchmark writes: its sweep rows and metrics."""
     dataset, split = bench.split("/")
@@ -77,7 +83,7 @@ def reviewed_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path
     _git(repo, "commit", "-qm", "first run")
     metrics = json.loads((repo / "reports" / "metrics.json").read_text(encoding="utf-8"))
     old = metrics["benchmarks"]["qa/test"]["methods"]["selfcest"]["accuracy"]
-    _set_accuracy(repo, "qa/test", "selfcest", round(min(1.0, old + 0.25), 6))
+    _set_accuracy(repo, "qa/test", "selfcest", _moved(old))
     _git(repo, "commit", "-qam", "second run")
     return repo, old
 
@@ -88,8 +94,8 @@ def test_dvc_metrics_diff_shows_the_one_metric_that_changed(reviewed_repo: tuple
     assert diff["reports/metrics.json"] == {
         "benchmarks.qa/test.methods.selfcest.accuracy": {
             "old": old,
-            "new": round(min(1.0, old + 0.25), 6),
-            "diff": pytest.approx(round(min(1.0, old + 0.25), 6) - old),
+            "new": _moved(old),
+            "diff": pytest.approx(_moved(old) - old),
         }
     }
 
@@ -97,7 +103,7 @@ def test_dvc_metrics_diff_shows_the_one_metric_that_changed(reviewed_repo: tuple
 def test_dvc_plots_diff_draws_both_revisions_of_every_cost(reviewed_repo: tuple[Path, float]) -> None:
     repo, old = reviewed_repo
     data = json.loads(_dvc(repo, "plots", "diff", "HEAD~1", "HEAD", "--json", "--split").stdout)["data"]
-    new = round(min(1.0, old + 0.25), 6)
+    new = _moved(old)
     for plot in (
         "accuracy_vs_generated_tokens",
         "accuracy_vs_total_tokens",
@@ -138,7 +144,7 @@ def test_selfcest_compare_lists_the_changed_cells_and_draws_static_plots(
         }
     )
     assert [line.split(" | ")[1:3] for line in cells] == [["`selfcest`", str(b)] for b in budgets]
-    assert all(f"-> {min(1.0, old + 0.25):.1%}" in line and line.endswith("| accuracy |") for line in cells)
+    assert all(f"-> {_moved(old):.1%}" in line and line.endswith("| accuracy |") for line in cells)
     assert f"{len(budgets)} changed, 0 added, 0 removed." in table
     for cost in ("gen_tokens", "total_tokens", "critical_tokens"):
         png = (out / f"accuracy_vs_{cost}.png").read_bytes()
