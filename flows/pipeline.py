@@ -17,6 +17,7 @@ written, so a long warm-up shows its progress while it runs.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import subprocess
 import sys
@@ -67,10 +68,13 @@ def repro_stage(stage: str, repo_dir: str) -> str:
     env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
     lines: deque[str] = deque(maxlen=2000)
     with subprocess.Popen(
-        command, cwd=repo_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, cwd=repo_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     ) as process:
         assert process.stdout is not None
-        for raw in process.stdout:
+        # Lines end at "\n" only: text mode's universal newlines would also end one at every "\r" a
+        # progress bar writes, and log each refresh of the warm-up's bar as a line of its own.
+        output = io.TextIOWrapper(process.stdout, encoding="utf-8", errors="replace", newline="\n")
+        for raw in output:
             line = raw.rstrip("\n").rsplit("\r", 1)[-1]  # a progress bar's last state
             lines.append(line)
             logger.info(line)

@@ -22,7 +22,7 @@ stages:
     deps: [a.txt]
     outs: [b.txt]
   first:
-    cmd: python -c "import pathlib, yaml, selfcest; pathlib.Path('a.txt').write_text(str(yaml.safe_load(open('params.yaml'))['n']))"
+    cmd: python -c "import pathlib, yaml, selfcest; print('step 1/3\\rstep 2/3\\rstep 3/3'); pathlib.Path('a.txt').write_text(str(yaml.safe_load(open('params.yaml'))['n']))"
     params: [n]
     outs: [a.txt]
 """
@@ -83,6 +83,9 @@ def test_flow_runs_stages_and_dvc_skips_unchanged(dvc_repo: Path) -> None:
     outputs = pipeline(repo_dir=str(dvc_repo))
     assert (dvc_repo / "b.txt").read_text() == "1b"
     assert "Running stage 'first'" in outputs["first"]
+    # a progress bar's refreshes ("\r") are one line: its last state
+    lines = outputs["first"].splitlines()
+    assert "step 3/3" in lines and not {"step 1/3", "step 2/3"} & set(lines)
     outputs = pipeline(repo_dir=str(dvc_repo))
     assert "didn't change" in outputs["first"] and "didn't change" in outputs["second"]
     (dvc_repo / "params.yaml").write_text("n: 2\n")
