@@ -152,6 +152,10 @@ def test_selfcest_compare_lists_the_changed_cells_and_draws_static_plots(
     # The working tree against HEAD: nothing changed, and the table says so.
     assert cli_main(["compare", "HEAD", "--repo", str(repo), "--out", str(out)]) == 0
     assert "No cell changed." in (out / "changes.md").read_text(encoding="utf-8")
+    # `workspace` names the working tree on either side, as in `selfcest spread`
+    assert cli_main(["compare", "workspace", "HEAD~1", "--repo", str(repo), "--out", str(out)]) == 0
+    backwards = (out / "changes.md").read_text(encoding="utf-8")
+    assert f"{len(budgets)} changed, 0 added, 0 removed." in backwards and f"-> {old:.1%}" in backwards
 
 
 def test_selfcest_compare_of_two_empty_sweeps_writes_the_table_and_no_plots(

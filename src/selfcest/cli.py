@@ -132,10 +132,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if labels[0] == labels[1]:  # refused before git is asked for anything
         print(f"error: both sides are {labels[0]!r}", file=sys.stderr)
         return 2
+    revisions = [None if label == "workspace" else label for label in labels]  # as `selfcest spread`
     try:
         runs = {
             label: read_sweep_csv(read_revision(repo, revision, args.sweep), f"{label}:{args.sweep}")
-            for label, revision in zip(labels, [args.old, args.new], strict=True)
+            for label, revision in zip(labels, revisions, strict=True)
         }
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -240,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         help="what changed in reports/sweep.csv between two git revisions: a table and static plots "
         "(the offline stand-in for `dvc plots diff`, whose HTML needs a CDN)",
     )
-    compare.add_argument("old", help="a git revision, e.g. HEAD~1, main or a commit")
-    compare.add_argument("new", nargs="?", help="a git revision; default: the working tree's file")
+    compare.add_argument(
+        "old", help="a git revision, e.g. HEAD~1, main or a commit; `workspace` is the working tree's file"
+    )
+    compare.add_argument("new", nargs="?", help="a git revision or `workspace` (the default)")
     compare.add_argument("--repo", default=".", help="the repository (default: the current directory)")
     compare.add_argument("--sweep", default="reports/sweep.csv", help="the sweep's path in the repository")
     compare.add_argument("--out", default="reports-diff", help="where changes.md and the PNGs go")
