@@ -171,3 +171,15 @@ def test_run_labels_name_the_seed_and_the_working_tree() -> None:
     ]
     with pytest.raises(ValueError, match="given twice: HEAD"):
         run_labels(["HEAD", "HEAD"], [[], []])
+    # DVC keeps experiment names unique per baseline only: two baselines' seed43 are two runs
+    twins = ["refs/exps/b2/9e1f377/seed43", "refs/exps/61/9038aa1/seed43", "refs/exps/61/9038aa1/seed44"]
+    assert run_labels(twins, [[43], [43], [44]]) == [
+        "seed43@b29e1f3 (seed 43)",
+        "seed43@619038a (seed 43)",
+        "seed44 (seed 44)",
+    ]
+    # a branch and an experiment with one name keep their whole revisions
+    assert run_labels(["seed43", "refs/exps/b2/9e1f377/seed43"], [[43], [43]]) == [
+        "seed43 (seed 43)",
+        "refs/exps/b2/9e1f377/seed43 (seed 43)",
+    ]

@@ -118,21 +118,38 @@ def spread_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _short_ref(revision: str | None, revisions: Sequence[str | None]) -> str:
+    """A full ref by its last part (`refs/exps/ab/c0ffee.../seed43` -> `seed43`) where no other ref
+    given ends the same; DVC keeps experiment names unique per baseline commit only, so two
+    baselines' `seed43` become `seed43@abc0ffe` (the baseline's first 7 hex digits)."""
+    if not revision or not revision.startswith("refs/"):
+        return revision or "workspace"
+    name = revision.rsplit("/", 1)[-1]
+    same_name = [r for r in revisions if r and r.startswith("refs/") and r.rsplit("/", 1)[-1] == name]
+    if len(set(same_name)) < 2:
+        return name
+    parts = revision.split("/")
+    # refs/exps/<2 hex>/<38 hex>/<name>: the baseline commit is the two middle parts
+    baseline = "".join(parts[2:4]) if len(parts) == 5 and parts[1] == "exps" else "/".join(parts[1:-1])
+    return f"{name}@{baseline[:7]}"
+
+
 def run_labels(revisions: Sequence[str | None], seeds: Sequence[Sequence[int]]) -> list[str]:
     """`REV (seed N)` labels (`seeds N, M` when a run's params hold several), the working tree as
-    `workspace`, a full ref (`refs/.../name`, as a DVC experiment's `refs/exps/ab/c0ffee.../seed43`)
-    by its last part; a label repeated is refused."""
-    labels = []
-    for revision, values in zip(revisions, seeds, strict=True):
-        name = (
-            revision.rsplit("/", 1)[-1]
-            if revision and revision.startswith("refs/")
-            else revision or "workspace"
-        )
-        if values:
-            name += f" ({'seed' if len(values) == 1 else 'seeds'} {', '.join(map(str, values))})"
-        labels.append(name)
-    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    `workspace`, a full ref by its last part (with its baseline where two refs share it); the same
+    revision given twice is refused."""
+    repeated = sorted({r or "workspace" for r in revisions if revisions.count(r) > 1})
     if repeated:
         raise ValueError(f"the same run given twice: {', '.join(repeated)}")
-    return labels
+    names = [_short_ref(revision, revisions) for revision in revisions]
+    # A short name shared by two revisions (a branch `seed43` and an experiment `seed43`): both
+    # keep their whole revision, which the check above made distinct.
+    names = [
+        (revision or "workspace") if names.count(name) > 1 else name
+        for name, revision in zip(names, revisions, strict=True)
+    ]
+    return [
+        name
+        + (f" ({'seed' if len(values) == 1 else 'seeds'} {', '.join(map(str, values))})" if values else "")
+        for name, values in zip(names, seeds, strict=True)
+    ]
