@@ -184,3 +184,20 @@ def test_profile_files_read_as_yaml_1_2_and_broken_ones_are_named(tmp_path: Path
     assert f"{broken}: not valid YAML" in capsys.readouterr().err
     assert cli_main(["profile", str(PAPER), "--set", "seed=[1"]) == 2
     assert "--set 'seed=[1'" in capsys.readouterr().err
+
+
+def test_a_mapping_over_a_scalar_is_one_value_as_dvc_takes_it(tmp_path: Path) -> None:
+    """`eval.sweep.max_problems` is 48 in params.yaml or a mapping per dataset: a mapping set there
+    replaces the number (DVC accepts it), while a mapping's new keys under a mapping are refused by
+    both."""
+    params = _params()
+    assert not isinstance(params["eval"]["sweep"]["max_problems"], dict)
+    wanted = {"arithmetic": 10, "qa": 20}
+    for overrides in (
+        profile_overrides({}, params, ["eval.sweep.max_problems={arithmetic: 10, qa: 20}"]),
+        profile_overrides({"eval": {"sweep": {"max_problems": wanted}}}, params),
+    ):
+        assert overrides == ["eval.sweep.max_problems={arithmetic:10,qa:20}"]
+        assert _through_dvc(tmp_path / "dvc", overrides)["eval"]["sweep"]["max_problems"] == wanted
+    with pytest.raises(ProfileError, match="eval.sweep.vllm.gpu_memory_utilization"):
+        profile_overrides({}, params, ["eval.sweep.vllm={gpu_memory_utilization: 0.5}"])

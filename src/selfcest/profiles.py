@@ -29,14 +29,20 @@ class ProfileError(ValueError):
     """A profile that names a key params.yaml does not have, or a malformed `--set` or file."""
 
 
-def leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+def leaves(
+    tree: Mapping[str, Any], prefix: str = "", params: Mapping[str, Any] | None = None
+) -> Iterable[tuple[str, Any]]:
     """(dotted key, value) for every leaf a dotted override can name. A mapping is descended into;
     one with a key that is not a plain name is one value (Hydra merges a mapping value into the
-    mapping already there, so the keys it does not name keep their values). A list is one value."""
+    mapping already there, so the keys it does not name keep their values). A list is one value.
+    With `params`, a mapping that replaces a value that is not a mapping there (`max_problems: 48`
+    set to `{arithmetic: 10, qa: 20}`, which DVC accepts) is one value too."""
     for key, value in tree.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value and all(_PLAIN_KEY.match(str(k)) for k in value):
-            yield from leaves(value, dotted + ".")
+        under = params.get(key) if isinstance(params, Mapping) else None
+        descend = params is None or isinstance(under, Mapping)
+        if descend and isinstance(value, Mapping) and value and all(_PLAIN_KEY.match(str(k)) for k in value):
+            yield from leaves(value, dotted + ".", under if params is not None else None)
         else:
             yield dotted, value
 
@@ -129,7 +135,7 @@ def profile_overrides(
     tree: dict[str, Any] = dict(profile)
     for item in extra:
         tree = _merge(tree, _nested(*parse_set(item)))
-    merged = dict(leaves(tree))
+    merged = dict(leaves(tree, params=params))
     unknown = [key for key in merged if not _has_key(params, key)]
     if unknown:
         raise ProfileError(f"keys that params.yaml does not have: {', '.join(unknown)}")
