@@ -333,6 +333,29 @@ def test_2wiki_duplicate_titles_resolve_to_the_copy_with_the_fact() -> None:
         broken["supporting_facts"][0][1] = bad
         with pytest.raises(_RecordError, match=r"supporting_facts\[0\]"):
             adapt_2wiki(broken)
+    # A distractor twin long enough to hold the supporting sentence index too: the fact goes to the
+    # copy the hop chose (the one stating its answer), not to the first copy, which would leave the
+    # hop's paragraph unsupported and get a sound record quarantined.
+    long_twin = copy.deepcopy(record)
+    sentence = record["supporting_facts"][0][1]
+    long_twin["context"].insert(0, ["Lothair II", ["A distractor sentence."] * (sentence + 1)])
+    adapted = adapt_2wiki(long_twin)
+    twins = [p for p in adapted["paragraphs"] if p["title"] == "Lothair II"]
+    assert [p["supporting"] for p in twins] == [False, True]
+    assert adapted["hops"][0]["paragraph_key"] == twins[1]["key"]
+    supporting = {p["key"] for p in adapted["paragraphs"] if p["supporting"]}
+    assert {hop["paragraph_key"] for hop in adapted["hops"]} <= supporting
+
+
+def test_json_lines_with_raw_line_separators_in_strings_read_whole(tmp_path: Path) -> None:
+    """U+2028, U+0085 and form feeds may stand raw in a JSON string (and `canonical_jsonl` writes
+    them raw); str.splitlines() would split the record there and fail a valid file."""
+    from selfcest.data.qa import read_json_records
+
+    records = [{"id": "a", "text": "one\u2028two\x85three\x0cfour"}, {"id": "b", "text": "plain"}]
+    path = tmp_path / "records.jsonl"
+    path.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in records) + "\n", encoding="utf-8")
+    assert read_json_records(path) == records
 
 
 def test_readers_of_real_records_see_titles_their_keys_do_not_spell() -> None:

@@ -221,7 +221,10 @@ def read_json_records(path: str, storage_options: Mapping[str, Any] | None = Non
     # JSON lines: a broken line is a file error too, because a truncated line usually means a
     # truncated download and silently keeping the rest would hide it.
     records = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # Lines end at "\n" only: str.splitlines() also splits at U+2028, U+0085 and other characters
+    # that JSON strings may hold raw (and that `canonical_jsonl` writes raw), halving a valid record.
+    for lineno, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:
@@ -304,11 +307,11 @@ def adapt_2wiki(rec: Mapping[str, Any], *, split: str = "dev", source: str = "2w
         # Official sentences carry no separators (HotpotQA's do); strip + single space suits both.
         texts.append(" ".join(s.strip() for s in item[1] if s.strip()))
     keys = make_keys(titles)
-    # A title can stand on two paragraphs (a distractor with the same title): a fact resolves to the
-    # first copy that has its sentence, a hop to the copy that states its answer (it used to be the
-    # first copy for both, which could mark a distractor supporting).
-
-    supporting: set[str] = set()
+    # A title can stand on two paragraphs (a distractor with the same title): a hop resolves to the
+    # copy that states its answer, and a fact to a copy holding its sentence that a hop chose, else
+    # the first such copy (the first copy for both could mark a distractor supporting and quarantine
+    # a sound record: its hop's paragraph would not be supporting).
+    fact_copies: list[list[int]] = []  # per supporting fact, the paragraphs that hold its sentence
     for i, fact in enumerate(_get(rec, "supporting_facts", list)):
         if (
             not isinstance(fact, list | tuple)
@@ -329,7 +332,8 @@ def adapt_2wiki(rec: Mapping[str, Any], *, split: str = "dev", source: str = "2w
                 f"supporting_facts[{i}]",
                 f"sentence {sentence} is out of range for every paragraph titled {title!r}",
             )
-        supporting.add(keys[holding[0]])
+        fact_copies.append(holding)
+    may_support = {keys[p] for holding in fact_copies for p in holding}
 
     # Evidences are (subject, relation, object) triples, one per hop; the subject's paragraph
     # answers the hop. 2Wiki sometimes changes the case of titles, hence the lower-case fallback.
@@ -341,15 +345,19 @@ def adapt_2wiki(rec: Mapping[str, Any], *, split: str = "dev", source: str = "2w
         candidates = titles_matching(subj, titles)
         if not candidates:
             raise _RecordError(f"evidences[{i}]", f"subject {subj!r} is not a context title")
-        # Prefer the copy that states the answer, then a supporting copy, then the first.
+        # Prefer the copy that states the answer, then one a supporting fact may point at, then the first.
         position = min(
             candidates,
-            key=lambda p: (obj.lower() not in texts[p].lower(), keys[p] not in supporting, p),
+            key=lambda p: (obj.lower() not in texts[p].lower(), keys[p] not in may_support, p),
         )
         hops.append(
             {"question": f"What is the {rel} of {subj}?", "answer": obj, "paragraph_key": keys[position]}
         )
 
+    hop_keys = {hop["paragraph_key"] for hop in hops}
+    supporting = {
+        next((keys[p] for p in holding if keys[p] in hop_keys), keys[holding[0]]) for holding in fact_copies
+    }
     paragraphs: list[Paragraph] = [
         {"key": k, "title": t, "text": x, "supporting": k in supporting}
         for k, t, x in zip(keys, titles, texts, strict=True)
