@@ -127,23 +127,33 @@ def _parse_into(
             result.errors.append(ProtocolError("no_objectives", "call has no usable objective"))
 
 
+_TOO_LONG_TO_REPAIR = object()
+
+
+def _load_json(text: str, errors: list[ProtocolError]) -> tuple[Any, bool]:
+    """`text` read as JSON, and whether it had to be repaired. Malformed text longer than
+    MAX_REPAIR_CHARS is not repaired: an error is recorded and `_TOO_LONG_TO_REPAIR` returned."""
+    try:
+        return json.loads(text), False
+    except (ValueError, RecursionError):  # JSONDecodeError, and int() past 4,300 digits
+        pass
+    if len(text) > MAX_REPAIR_CHARS:
+        errors.append(ProtocolError("call_too_long", f"{len(text)} characters of malformed JSON"))
+        return _TOO_LONG_TO_REPAIR, False
+    # json_repair is a maintained repairer for the truncated/unquoted JSON that LLMs emit.
+    try:
+        return json_repair.loads(text), True
+    except Exception:  # noqa: BLE001
+        return None, True
+
+
 def _parse_call(body: str, errors: list[ProtocolError]) -> ToolCall | None:
     if len(body) > MAX_CALL_CHARS:
         errors.append(ProtocolError("call_too_long", f"{len(body)} characters"))
         return None
-    repaired = False
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError):  # JSONDecodeError, and int() past 4,300 digits
-        if len(body) > MAX_REPAIR_CHARS:
-            errors.append(ProtocolError("call_too_long", f"{len(body)} characters of malformed JSON"))
-            return None
-        # json_repair is a maintained repairer for the truncated/unquoted JSON that LLMs emit.
-        try:
-            payload = json_repair.loads(body)
-        except Exception:  # noqa: BLE001
-            payload = None
-        repaired = True
+    payload, repaired = _load_json(body, errors)
+    if payload is _TOO_LONG_TO_REPAIR:
+        return None
     if not isinstance(payload, dict):
         errors.append(ProtocolError("invalid_json", body[:120]))
         return None
@@ -153,19 +163,10 @@ def _parse_call(body: str, errors: list[ProtocolError]) -> ToolCall | None:
         return None
     arguments = payload.get("arguments", {})
     if isinstance(arguments, str):  # some models double-encode the arguments
-        try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError):
-            if len(arguments) > MAX_REPAIR_CHARS:
-                errors.append(
-                    ProtocolError("call_too_long", f"{len(arguments)} characters of malformed JSON")
-                )
-                return None
-            try:
-                arguments = json_repair.loads(arguments)
-            except Exception:  # noqa: BLE001
-                arguments = None
-            repaired = True
+        arguments, arguments_repaired = _load_json(arguments, errors)
+        if arguments is _TOO_LONG_TO_REPAIR:
+            return None
+        repaired = repaired or arguments_repaired
     if not isinstance(arguments, dict):
         errors.append(ProtocolError("invalid_arguments", str(arguments)[:120]))
         return None

@@ -171,8 +171,6 @@ class _State:
     rendered: list[str]
     """The text each agent's `token_ids` decode to, for prefix checks; without the special token that
     ended its last turn, which the chat template writes as its own end-of-turn marker."""
-    closed_by_special: set[int] = field(default_factory=set)
-    """Agents whose last turn ended on a sampled special stop token (left out of `rendered`)."""
     processed: dict[int, int] = field(default_factory=dict)
     """Per agent, how many of its `token_ids` the engine has read or written (its last turn's end)."""
     ready: list[int] = field(default_factory=list)
@@ -308,21 +306,19 @@ class Runtime:
             # Only the stop token that ended the turn is left out, since the template closes the turn
             # with its own marker, which need not be the token sampled (Qwen3 stops on <|im_end|> and
             # on <|endoftext|>; its template always writes <|im_end|>).
-            ended_by_special = bool(
-                result.finish_reason == "stop" and tokens and tokens[-1] in self.tokenizer.all_special_ids
-            )
+            ended_by_special = self._ended_by_special(tokens, result.finish_reason)
             content = self.tokenizer.decode(
                 tokens[:-1] if ended_by_special else tokens, skip_special_tokens=False
             )
             state.rendered[index] += content
-            if ended_by_special:
-                state.closed_by_special.add(index)
-            else:
-                state.closed_by_special.discard(index)
             self._after_turn(state, index, text, result.finish_reason, content)
         for state in states:
             self._resume_waiting(state)
         return any(state.ready for state in states)
+
+    def _ended_by_special(self, tokens: Sequence[int], finish_reason: str | None) -> bool:
+        """Whether a turn's generated `tokens` end on the special stop token that ended the turn."""
+        return bool(finish_reason == "stop" and tokens and tokens[-1] in self.tokenizer.all_special_ids)
 
     def _grant(self, state: _State, index: int) -> int:
         """Tokens this agent may generate in its next turn: never more than the episode has left."""
@@ -487,7 +483,8 @@ class Runtime:
         )
         prefix = state.rendered[index]
         remainder = text[len(prefix) :] if text.startswith(prefix) else None
-        if remainder is not None and index in state.closed_by_special:
+        # The turn's tokens end the agent's tokens until this suffix is appended.
+        if remainder is not None and self._ended_by_special(agent.token_ids, agent.turns[-1].finish_reason):
             marker = next((t for t in self._special_tokens_longest_first if remainder.startswith(t)), None)
             remainder = remainder[len(marker) :] if marker is not None else None
         if remainder is None:
