@@ -79,7 +79,17 @@ def _features() -> Any:
 
 def _resolve(path: str) -> str:
     # URLs (s3://, memory://, ...) pass through; local paths are relative to the working dir.
-    return path if "://" in path else str(Path(path))
+    if "://" not in path:
+        return str(Path(path))
+    # DVC tracks the stage's local deps only: a URL read here is not one of them, so a new version
+    # of that object would not rerun the stage. `dvc import-url` into data/sources/ (a dep of the
+    # stage) records the object's ETag and `dvc update` brings in a new version (README).
+    log.warning(
+        "%s: read from a URL that DVC does not track (a change there does not rerun this stage); "
+        "for lineage, `dvc import-url` it into data/sources/ and point qa.real.sources there",
+        path,
+    )
+    return path
 
 
 def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quarantined], dict[str, Any]]:
