@@ -5,7 +5,6 @@ Params are read with OmegaConf rather than PyYAML because PyYAML parses `3e-05` 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -13,7 +12,22 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from selfcest.hashing import file_sha256
+
+__all__ = [
+    "PARAMS_FILE",
+    "SUPPORT_FILES",
+    "file_sha256",
+    "load_params",
+    "read_jsonl",
+    "setup_logging",
+    "write_json",
+]
+
 PARAMS_FILE = Path("params.yaml")
+# Every stage runs through these besides its own script: part of a training run's or eval cell's
+# code fingerprint (`selfcest.checkpoints.code_sha256`), so an edit here never resumes a killed run.
+SUPPORT_FILES = (Path(__file__).resolve(), Path(__file__).resolve().with_name("__init__.py"))
 
 
 def load_params(path: Path = PARAMS_FILE) -> dict[str, Any]:
@@ -35,11 +49,3 @@ def setup_logging() -> None:
 def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
-
-
-def file_sha256(path: Path | str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

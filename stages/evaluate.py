@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import io
 import json
 import logging
@@ -39,7 +38,7 @@ _STARTED = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/evaluate.py` works too
 
 from selfcest.sweep_config import per_dataset, settings_for  # noqa: E402
-from stages.common import PARAMS_FILE, file_sha256, load_params, setup_logging, write_json  # noqa: E402
+from stages.common import PARAMS_FILE, SUPPORT_FILES, file_sha256, load_params, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("evaluate")
 
@@ -94,19 +93,6 @@ def build_engine(sweep: dict[str, Any], checkpoint: Path) -> tuple[Any, str]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_model(checkpoint, device=device)
     return TransformersEngine(model, tokenizer, max_batch_size=int(sweep.get("batch_size", 64))), device
-
-
-def weights_sha256(checkpoint: Path) -> str | None:
-    """Which weights a checkpoint directory holds: the sha256 of its one `*.safetensors` file (what
-    `sha256sum model.safetensors` prints), or, for a sharded or `*.bin` checkpoint, the sha256 of its
-    sorted `name sha256` lines. None when the directory holds no weights file."""
-    files = sorted(checkpoint.glob("*.safetensors")) or sorted(checkpoint.glob("*.bin"))
-    if not files:
-        return None
-    if len(files) == 1 and files[0].suffix == ".safetensors":
-        return file_sha256(files[0])
-    lines = "".join(f"{f.name} {file_sha256(f)}\n" for f in files)
-    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
@@ -183,10 +169,11 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     # The journal resumes only this very cell: what its rows depend on, hashed, as the training
     # stages key their run folders (eval.sweep.workers/threads/batch_size change no row but are
     # kept in: a resume is for a killed run of the same command, not for reuse across settings).
-    from selfcest.checkpoints import code_sha256, fingerprint, prepare_run_dir
+    from selfcest.checkpoints import checkpoint_sha256s, code_sha256, fingerprint, prepare_run_dir
 
     hashing = time.perf_counter()
-    weights = weights_sha256(checkpoint)
+    checkpoint_hashes = checkpoint_sha256s(checkpoint)
+    weights = checkpoint_hashes["weights"]
     cell_fingerprint = fingerprint(
         {
             **meta,
@@ -198,9 +185,9 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
             "source": source,
             "max_problems": args.max_problems,
             "data": file_sha256(split_file),
-            "weights": weights,
+            "checkpoint": checkpoint_hashes,  # weights and tokenizer files (a fixed chat template)
             "device": device,
-            "code": code_sha256(__file__),
+            "code": code_sha256(__file__, *SUPPORT_FILES),
         }
     )
     journal_root = Path("artifacts/runs/eval")

@@ -17,14 +17,21 @@ from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from selfcest.checkpoints import CsvLogCallback, code_sha256, fingerprint, prepare_run_dir, write_model_card  # noqa: E402
+from selfcest.checkpoints import (  # noqa: E402
+    CsvLogCallback,
+    checkpoint_sha256s,
+    code_sha256,
+    fingerprint,
+    prepare_run_dir,
+    write_model_card,
+)
 from selfcest.grpo import SelfcestConfig, TrainingConfig, build_trainer  # noqa: E402
 from selfcest.model import load_model  # noqa: E402
 from selfcest.rewards import GateConfig, RewardConfig  # noqa: E402
 from selfcest.runtime import RuntimeConfig  # noqa: E402
 from selfcest.tasks import task_from_record  # noqa: E402
 from selfcest.tokenizer import load_tokenizer  # noqa: E402
-from stages.common import file_sha256, load_params, read_jsonl, setup_logging, write_json  # noqa: E402
+from stages.common import SUPPORT_FILES, file_sha256, load_params, read_jsonl, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("train_grpo")
 LOG_COLUMNS = [
@@ -93,8 +100,8 @@ def main() -> None:
             "variant": variant,
             "seed": params["seed"],
             "data": data_hashes,
-            "init": file_sha256(Path(args.init) / "model.safetensors"),
-            "code": code_sha256(__file__),
+            "init": checkpoint_sha256s(args.init),  # weights (sharded too) and tokenizer files
+            "code": code_sha256(__file__, *SUPPORT_FILES),
         }
     )
     resume = prepare_run_dir(run_dir, run_fingerprint)

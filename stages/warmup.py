@@ -12,12 +12,12 @@ import shutil
 import time
 from pathlib import Path
 
-from selfcest.checkpoints import code_sha256, fingerprint, write_model_card
+from selfcest.checkpoints import code_sha256, fingerprint, weights_sha256, write_model_card
 from selfcest.model import load_model
 from selfcest.teachers import build_warmup_conversations
 from selfcest.tokenizer import load_tokenizer
 from selfcest.warmup import run_warmup, tokenize_conversations, warmup_settings
-from stages.common import file_sha256, load_params, read_jsonl, setup_logging, write_json
+from stages.common import SUPPORT_FILES, file_sha256, load_params, read_jsonl, setup_logging, write_json
 
 log = logging.getLogger("warmup")
 
@@ -84,8 +84,8 @@ def main() -> None:
             "params": params["warmup"],
             "seed": params["seed"],
             "data": data_hashes,
-            "init": file_sha256(Path(args.init) / "model.safetensors"),
-            "code": code_sha256(__file__),
+            "init": weights_sha256(args.init),
+            "code": code_sha256(__file__, *SUPPORT_FILES),
         }
     )
     metrics = run_warmup(

@@ -205,3 +205,55 @@ def test_cli_solve_names_a_bad_model_path_or_documents_file(
     absent = tmp_path / "absent.json"
     assert cli_main(["solve", "--model", str(tiny_checkpoint), "--documents", str(absent), "hi"]) == 2
     assert f"--documents {absent}" in capsys.readouterr().err
+
+
+def test_checkpoint_hashes_cover_sharded_weights_and_the_tokenizer_files(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """A Hugging Face checkpoint of billions of parameters ships in shards: the run fingerprints
+    must hash it (not look for one `model.safetensors`), and a changed chat template with the same
+    weights must give another fingerprint, so that a killed run never resumes across it."""
+    import shutil
+
+    from selfcest.checkpoints import checkpoint_sha256s, weights_sha256
+    from selfcest.hashing import file_sha256
+
+    single = checkpoint_sha256s(tiny_checkpoint)
+    assert single["weights"] == file_sha256(tiny_checkpoint / "model.safetensors")
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(single)
+
+    sharded = tmp_path / "sharded"
+    load_model(tiny_checkpoint).save_pretrained(sharded, max_shard_size="20KB")
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 1 and not (sharded / "model.safetensors").exists()
+    digest = weights_sha256(sharded)
+    assert digest is not None and digest != single["weights"]
+    (sharded / shards[0].name).write_bytes(shards[0].read_bytes() + b" ")
+    assert weights_sha256(sharded) != digest  # every shard counts
+    assert weights_sha256(tmp_path) is None  # no weights at all
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_checkpoint, copy)
+    assert checkpoint_sha256s(copy) == single
+    template = copy / "chat_template.jinja"
+    template.write_text(
+        (template.read_text(encoding="utf-8") if template.exists() else "") + "{# fixed #}", encoding="utf-8"
+    )
+    changed = checkpoint_sha256s(copy)
+    assert changed["weights"] == single["weights"] and changed != single
+
+
+def test_chat_template_renders_a_system_message_after_the_first_as_its_own_turn(tiny_tokenizer) -> None:
+    """As Qwen3's template does; it had been dropped without a trace."""
+    messages = [
+        {"role": "system", "content": "SYS"},
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "system", "content": "MID NOTE"},
+        {"role": "user", "content": "Q2"},
+    ]
+    text = tiny_tokenizer.apply_chat_template(
+        messages, tools=[SPAWN_CLONE_TOOL], tokenize=False, add_generation_prompt=True
+    )
+    assert "<|im_start|>system\nMID NOTE<|im_end|>\n<|im_start|>user\nQ2" in text
+    assert text.count("SYS") == 1  # the first system message still heads the tools block, once

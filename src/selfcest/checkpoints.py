@@ -12,7 +12,38 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from selfcest.hashing import file_sha256
+
 FINGERPRINT_FILE = "selfcest_fingerprint.json"
+# Files beside the weights that change what a checkpoint does with the same weights.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def weights_sha256(checkpoint: Path | str) -> str | None:
+    """Which weights a checkpoint directory holds: the sha256 of its one `*.safetensors` file (what
+    `sha256sum model.safetensors` prints), or, for a sharded or `*.bin` checkpoint (a Hugging Face
+    model of billions of parameters ships in shards), the sha256 of its sorted `name sha256` lines.
+    None when the directory holds no weights file."""
+    checkpoint = Path(checkpoint)
+    files = sorted(checkpoint.glob("*.safetensors")) or sorted(checkpoint.glob("*.bin"))
+    if not files:
+        return None
+    if len(files) == 1 and files[0].suffix == ".safetensors":
+        return file_sha256(files[0])
+    lines = "".join(f"{f.name} {file_sha256(f)}\n" for f in files)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def checkpoint_sha256s(checkpoint: Path | str) -> dict[str, str | None]:
+    """What a run started from a checkpoint depends on: its weights and its tokenizer files (a fixed
+    chat template or retrained merges change every episode with the same weights). For run
+    fingerprints: a killed run resumes only from checkpoints made with the same starting point."""
+    checkpoint = Path(checkpoint)
+    hashes: dict[str, str | None] = {"weights": weights_sha256(checkpoint)}
+    hashes |= {
+        name: file_sha256(checkpoint / name) for name in TOKENIZER_FILES if (checkpoint / name).exists()
+    }
+    return hashes
 
 
 def fingerprint(payload: Mapping[str, Any]) -> str:
@@ -65,14 +96,26 @@ class CsvLogCallback(TrainerCallback):
         self.path = path
         self.columns = columns
 
+    def _row(self, step: int, logs: Mapping[str, Any]) -> dict[str, Any] | None:
+        if not any(column in logs for column in self.columns):
+            return None
+        return {"step": step, **{c: _fmt(logs.get(c)) for c in self.columns}}
+
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        if not state.is_world_process_zero:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        rows = []
-        if self.path.exists() and state.global_step > 0:  # resumed: keep the rows up to the checkpoint
-            with self.path.open(newline="") as handle:
-                rows = [row for row in csv.DictReader(handle) if int(float(row["step"])) <= state.global_step]
+        # A resumed run rewrites the rows up to its checkpoint from the log history that the
+        # checkpoint's trainer_state.json restored, not from the CSV: `dvc repro` deletes a stage's
+        # plots outputs before it reruns the stage, so the file of the killed run is gone by now.
+        rows = [
+            row
+            for entry in state.log_history
+            if int(entry.get("step", 0)) <= state.global_step
+            and (row := self._row(int(entry.get("step", 0)), entry)) is not None
+        ]
         with self.path.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=["step", *self.columns])
             writer.writeheader()
@@ -86,9 +129,9 @@ class CsvLogCallback(TrainerCallback):
         logs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if not logs or not any(column in logs for column in self.columns):
+        row = self._row(state.global_step, logs or {})
+        if row is None or not state.is_world_process_zero:
             return
-        row = {"step": state.global_step, **{c: _fmt(logs.get(c)) for c in self.columns}}
         with self.path.open("a", newline="") as handle:
             csv.DictWriter(handle, fieldnames=["step", *self.columns]).writerow(row)
 
