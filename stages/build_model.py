@@ -27,6 +27,8 @@ def read_corpus_files(paths: list[str]) -> tuple[list[str], list[tuple[str, str]
     for path in paths:
         with open(path, encoding="utf-8") as handle:
             for line in handle:
+                if not line.strip():  # as `read_jsonl`: a blank line is no record
+                    continue
                 record = json.loads(line)
                 strings += _strings(record)
                 if isinstance(record, dict):

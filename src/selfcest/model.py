@@ -64,8 +64,9 @@ def build_tiny_model(
 
 
 # Qwen3 has no switch to turn the rotary embedding off. Linear position interpolation divides every
-# position by `factor`; at 1e9 the largest rotation angle (position 1023, frequency 1) is ~1e-6 rad,
-# so cos = 1 and sin = 0 in float32: queries and keys pass through unrotated (NoPE). Kept in the
+# position by `factor`; at 1e9 the largest rotation angle (position 1023, frequency 1) is ~1e-6 rad:
+# cos rounds to 1 in float32 and |sin| stays below ~1e-6, so queries and keys pass through all but
+# unrotated (NoPE up to ~1e-6; shifting every position by 900 moved the logits by ~5e-7). Kept in the
 # saved config, so every loader (transformers, TRL, vLLM) builds the same model without extra code.
 _NOPE_INTERPOLATION_FACTOR = 1e9
 

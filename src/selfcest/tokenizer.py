@@ -37,8 +37,8 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
-    "{%- if message.role == 'user' %}"
-    "{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- elif message.role == 'assistant' %}"
     "{{- '<|im_start|>assistant\\n' }}"
     "{%- generation %}"
@@ -95,7 +95,8 @@ def train_tokenizer(
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on `corpus` and wrap it as a transformers fast tokenizer.
 
-    Byte-level BPE never produces an unknown token, so text outside the corpus still round-trips.
+    Byte-level BPE never produces an unknown token, so text outside the corpus still round-trips,
+    once in Unicode NFC: the normalizer composes it (a decomposed `e` + U+0301 comes back as `é`).
     """
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
