@@ -45,8 +45,14 @@ def test_the_paper_profile_applies_through_dvc_and_every_stage_config_builds(tmp
     # train_grpo, every variant
     grpo = params["grpo"]
     for variant in grpo["variants"].values():
-        RuntimeConfig(use_tools=variant["use_tools"], **grpo["runtime"])
+        training_runtime = RuntimeConfig(use_tools=variant["use_tools"], **grpo["runtime"])
         GateConfig(mode=variant["gate"], **grpo.get("gate_options", {}))
+    # Training episodes follow evaluation's protocol: what a clone's answer looks like to its root
+    # (the tool message's cuts) and who may spawn (the depth). Were these left at RuntimeConfig's
+    # defaults, RL would train on 32-token lines that the paper profile evaluates at 64.
+    evaluation_runtime = runtime_config_from_params(params["runtime"])
+    for protocol in ("max_depth", "tool_line_max_tokens", "tool_message_max_tokens"):
+        assert getattr(training_runtime, protocol) == getattr(evaluation_runtime, protocol), protocol
     RewardConfig(**grpo["reward"])
     assert TrainingConfig(**grpo["training"]).learning_rate == pytest.approx(6e-7)
     # the evaluation cells and the report
