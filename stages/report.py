@@ -100,8 +100,11 @@ def main(argv: list[str] | None = None) -> None:
     sweep = reports.load_sweep(args.cells, reports.configured_cells(eval_params))
     sweep.rows = reports.sort_rows(sweep.rows, method_order, reports.expected_benchmarks(eval_params))
     splits = eval_params.get("splits") or {}
+    # A claim split whose dataset the sweep leaves out (`eval.splits.arithmetic: []`) has no rows:
+    # its claims are reported as not checked, with that dataset's settings, not a KeyError.
+    claim_datasets = (name.split("/", 1)[0] for name in report.get("claim_splits") or [])
     datasets = dict.fromkeys(
-        [*(d for d, names in splits.items() if names), *(r["dataset"] for r in sweep.rows)]
+        [*(d for d, names in splits.items() if names), *(r["dataset"] for r in sweep.rows), *claim_datasets]
     )
     settings = {dataset: reports.settings_for(eval_params, dataset) for dataset in datasets}
     claims = {

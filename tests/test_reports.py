@@ -789,3 +789,27 @@ def test_wilson_interval_and_sign_test() -> None:
     wins, losses, p_value = sign_test(ours, theirs)
     assert (wins, losses) == (6, 1) and p_value == pytest.approx(2 * 8 / 128)  # exact binomial, two-sided
     assert sign_test({"a": 1.0}, {"a": 1.0}) == (0, 0, 1.0)
+
+
+def test_report_stage_on_a_sweep_that_leaves_a_claim_splits_dataset_out(tmp_path: Path) -> None:
+    """`eval.splits.arithmetic: []` (a QA-only sweep) with `arithmetic/ood` still a claim split: the
+    claims there are not checked, and the stage writes its reports instead of stopping on a KeyError."""
+    from stages import report
+
+    params_path = _params(tmp_path)
+    params = yaml.safe_load(params_path.read_text(encoding="utf-8"))
+    params["eval"]["splits"]["arithmetic"] = []
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    cells = tmp_path / "cells"
+    qa_rows = [
+        dict(r, dataset="qa", split="test", benchmark="qa/test", f1=r["accuracy"])
+        for r in strong_sweep()
+        if r["method"] == "base"
+    ]
+    write_cell(cells, "qa", "test", "warmup_model", qa_rows)
+    out = tmp_path / "reports"
+    report.main(["--params", str(params_path), "--cells", str(cells), "--out", str(out)])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["benchmarks"]) == {"qa/test"}
+    assert metrics["claims"]["arithmetic/ood"] == {}
+    assert "arithmetic/ood" in (out / "summary.md").read_text()
