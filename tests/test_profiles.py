@@ -194,8 +194,8 @@ def test_profile_files_read_as_yaml_1_2_and_broken_ones_are_named(tmp_path: Path
 
 def test_a_mapping_over_a_scalar_is_one_value_as_dvc_takes_it(tmp_path: Path) -> None:
     """`eval.sweep.max_problems` is 48 in params.yaml or a mapping per dataset: a mapping set there
-    replaces the number (DVC accepts it), while a mapping's new keys under a mapping are refused by
-    both."""
+    replaces the number (DVC accepts it), while new keys under a mapping that has keys are refused by
+    both (under an empty one they are added: the next test)."""
     params = _params()
     assert not isinstance(params["eval"]["sweep"]["max_problems"], dict)
     wanted = {"arithmetic": 10, "qa": 20}
@@ -205,5 +205,26 @@ def test_a_mapping_over_a_scalar_is_one_value_as_dvc_takes_it(tmp_path: Path) ->
     ):
         assert overrides == ["eval.sweep.max_problems={arithmetic:10,qa:20}"]
         assert _through_dvc(tmp_path / "dvc", overrides)["eval"]["sweep"]["max_problems"] == wanted
-    with pytest.raises(ProfileError, match="eval.sweep.vllm.gpu_memory_utilization"):
-        profile_overrides({}, params, ["eval.sweep.vllm={gpu_memory_utilization: 0.5}"])
+    with pytest.raises(ProfileError, match="eval.report.reference_budget.qa_ood"):
+        profile_overrides({}, params, ["eval.report.reference_budget={qa_ood: 64}"])
+
+
+def test_keys_under_the_mappings_params_yaml_leaves_empty_are_added_as_dvc_adds_them(tmp_path: Path) -> None:
+    """`eval.sweep.vllm` and `grpo.gate_options` are `{}` in params.yaml, for keyword arguments: a key
+    under them is new, so it goes to DVC as `+key=value`; a typo elsewhere is still refused."""
+    params = _params()
+    overrides = profile_overrides(
+        {"grpo": {"gate_options": {"ratio_clamp": 2.0}}},
+        params,
+        ["eval.sweep.vllm={gpu_memory_utilization: 0.5, enforce_eager: true}"],
+    )
+    assert overrides == [
+        "+grpo.gate_options.ratio_clamp=2.0",
+        "+eval.sweep.vllm.gpu_memory_utilization=0.5",
+        "+eval.sweep.vllm.enforce_eager=true",
+    ]
+    applied = _through_dvc(tmp_path, overrides)
+    assert applied["grpo"]["gate_options"] == {"ratio_clamp": 2.0}
+    assert applied["eval"]["sweep"]["vllm"] == {"gpu_memory_utilization": 0.5, "enforce_eager": True}
+    with pytest.raises(ProfileError, match="does not have: eval.sweep.vlm$"):
+        profile_overrides({"eval": {"sweep": {"vlm": {"gpu_memory_utilization": 0.5}}}}, params)

@@ -56,6 +56,20 @@ def _has_key(tree: Any, dotted: str) -> bool:
     return True
 
 
+def _under_open_mapping(tree: Any, dotted: str) -> bool:
+    """Whether `dotted` is new under a mapping that params.yaml leaves empty (`{}`) for the user to
+    fill: keyword arguments such as `eval.sweep.vllm` or `grpo.gate_options`. DVC adds such a key
+    with `+key=value` (it refuses a mapping set over `{}` and a new key without `+`)."""
+    node = tree
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping):
+            return False
+        if part not in node:
+            return not node
+        node = node[part]
+    return False
+
+
 def _value(value: Any) -> str:
     """A value in Hydra's grammar: JSON scalars and lists, strings always quoted."""
     if value is None:
@@ -131,15 +145,17 @@ def profile_overrides(
     `parse_set`), which win. A mapping in `extra` is merged leaf by leaf, as DVC merges it, so the
     profile's other values under its key stay; any other value replaces everything under its key.
     Every key must already exist in `params`: an override of a key that does not exist would be a
-    typo that DVC adds silently with `+` or refuses without it."""
+    typo that DVC adds silently with `+` or refuses without it. The exception: a key under a
+    mapping that params.yaml leaves empty (`eval.sweep.vllm: {}`), which becomes `+key=value`."""
     tree: dict[str, Any] = dict(profile)
     for item in extra:
         tree = _merge(tree, _nested(*parse_set(item)))
     merged = dict(leaves(tree, params=params))
-    unknown = [key for key in merged if not _has_key(params, key)]
+    added = {key for key in merged if not _has_key(params, key) and _under_open_mapping(params, key)}
+    unknown = [key for key in merged if not _has_key(params, key) and key not in added]
     if unknown:
         raise ProfileError(f"keys that params.yaml does not have: {', '.join(unknown)}")
-    return [f"{key}={_value(value)}" for key, value in merged.items()]
+    return [f"{'+' if key in added else ''}{key}={_value(value)}" for key, value in merged.items()]
 
 
 def read_yaml(text: str, source: Path | str) -> Any:
