@@ -65,23 +65,38 @@ def code_sha256(*extra_files: Path | str) -> str:
     return digest.hexdigest()
 
 
+def _read_json(path: Path) -> Any:
+    """The JSON in `path`, or None where it is missing or unreadable (a kill mid-write leaves it cut)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def prepare_run_dir(run_dir: Path, run_fingerprint: str) -> str | None:
     """Make `run_dir` ready for a training run and return the checkpoint to resume from, if any.
 
     A run killed part-way leaves `checkpoint-*` folders; they are resumed only when the params and
     data (the fingerprint) are those of the killed run, so a changed config never resumes stale state.
+    A fingerprint file that cannot be read counts as another run's (the folder starts over), and a
+    checkpoint whose `trainer_state.json` does not parse (killed while it was written) is removed,
+    so the run resumes from the one before it instead of failing on every rerun.
     """
     marker = run_dir / FINGERPRINT_FILE
     if run_dir.exists():
-        previous = json.loads(marker.read_text())["fingerprint"] if marker.exists() else None
-        if previous != run_fingerprint:
+        previous = _read_json(marker) if marker.exists() else None
+        if not isinstance(previous, dict) or previous.get("fingerprint") != run_fingerprint:
             shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"fingerprint": run_fingerprint}))
+    # Written whole or not at all: a kill mid-write leaves the temporary file, never a cut marker.
+    partial = marker.with_suffix(".tmp")
+    partial.write_text(json.dumps({"fingerprint": run_fingerprint}), encoding="utf-8")
+    partial.replace(marker)
     checkpoints = sorted(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     for checkpoint in reversed(checkpoints):
-        if (checkpoint / "trainer_state.json").exists():
+        if _read_json(checkpoint / "trainer_state.json") is not None:
             return str(checkpoint)
+        shutil.rmtree(checkpoint)
     return None
 
 

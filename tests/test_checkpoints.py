@@ -1,0 +1,42 @@
+"""Run folders of killed runs: what is resumed, what starts over."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from selfcest.checkpoints import FINGERPRINT_FILE, prepare_run_dir
+
+
+def _checkpoint(run: Path, step: int, state: str | None) -> Path:
+    folder = run / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    if state is not None:
+        (folder / "trainer_state.json").write_text(state, encoding="utf-8")
+    return folder
+
+
+def test_a_run_killed_mid_write_resumes_from_its_last_whole_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert prepare_run_dir(run, "fp") is None
+    assert json.loads((run / FINGERPRINT_FILE).read_text()) == {"fingerprint": "fp"}
+    _checkpoint(run, 2, json.dumps({"global_step": 2}))
+    cut = _checkpoint(run, 4, '{"global_step": 4, "log_hist')  # killed while trainer_state.json was written
+    unfinished = _checkpoint(run, 6, None)  # killed before it
+    assert prepare_run_dir(run, "fp") == str(run / "checkpoint-2")
+    assert not cut.exists() and not unfinished.exists()  # gone, so no later save or rotation trips on them
+    assert prepare_run_dir(run, "fp") == str(run / "checkpoint-2")  # and the next rerun agrees
+
+
+def test_a_cut_or_foreign_fingerprint_starts_the_run_over(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    prepare_run_dir(run, "fp")
+    _checkpoint(run, 2, json.dumps({"global_step": 2}))
+    (run / FINGERPRINT_FILE).write_text('{"fingerp', encoding="utf-8")  # killed mid-write
+    assert prepare_run_dir(run, "fp") is None
+    assert not (run / "checkpoint-2").exists()
+    assert json.loads((run / FINGERPRINT_FILE).read_text()) == {"fingerprint": "fp"}
+    _checkpoint(run, 2, json.dumps({"global_step": 2}))
+    assert prepare_run_dir(run, "other params") is None and not (run / "checkpoint-2").exists()
+    assert not list(run.glob("*.tmp"))
