@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,8 +85,12 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    # moto keeps its buckets in process-wide state, not per server: without a reset, a bucket that
+    # an earlier test made would already exist here.
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield endpoint
     finally:
         server.stop()
 

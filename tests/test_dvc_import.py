@@ -15,7 +15,7 @@ import pytest
 from benchmark_paths import BENCHMARKS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-BUCKET = "benchmarks"
+BUCKET = "selfcest-sources"
 SAMPLE = BENCHMARKS / "musique" / "kag_musique_qa_100.json"
 COMMITTED_PATH = "path: ../shared/data/benchmarks/musique/kag_musique_qa_100.json"
 IMPORTED = "data/sources/musique_dev.json"
