@@ -6,36 +6,16 @@ loopback, in a clone of this repository, with the commands that data/sources/REA
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from benchmark_paths import BENCHMARKS
+from dvc_clone import REPO_ROOT, dvc, git, isolated_dvc
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "selfcest-sources"
 SAMPLE = BENCHMARKS / "musique" / "kag_musique_qa_100.json"
 COMMITTED_PATH = "path: ../shared/data/benchmarks/musique/kag_musique_qa_100.json"
 IMPORTED = "data/sources/musique_dev.json"
-
-
-def _run(cwd: Path, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(cwd / "src")}  # the clone's own library
-    completed = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, env=env)
-    assert completed.returncode == 0, (
-        f"{' '.join(args)} failed in {cwd}:\n{completed.stdout}\n{completed.stderr}"
-    )
-    return completed.stdout + completed.stderr
-
-
-def _dvc(cwd: Path, *args: str) -> str:
-    return _run(cwd, sys.executable, "-m", "dvc", *args)
-
-
-def _git(cwd: Path, *args: str) -> str:
-    return _run(cwd, "git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", *args)
 
 
 def _musique_dev_ids(clone: Path) -> list[str]:
@@ -49,11 +29,7 @@ def test_an_imported_s3_benchmark_reruns_prepare_qa_when_the_object_changes(
 ) -> None:
     import s3fs
 
-    if not (REPO_ROOT / ".git").exists():
-        pytest.skip("needs the project's git repository to clone")
-    monkeypatch.setenv("DVC_SITE_CACHE_DIR", str(tmp_path / "site-cache"))
-    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
-    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    isolated_dvc(tmp_path, monkeypatch)
     records = json.loads(SAMPLE.read_text(encoding="utf-8"))
     s3 = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=s3_endpoint)
     s3.mkdir(BUCKET)
@@ -64,20 +40,20 @@ def test_an_imported_s3_benchmark_reruns_prepare_qa_when_the_object_changes(
     work.mkdir()
     (work / "shared").symlink_to(BENCHMARKS.parents[1], target_is_directory=True)
     clone = work / "clone"
-    _git(work, "clone", "-q", str(REPO_ROOT), str(clone))
-    _dvc(clone, "remote", "add", "sources", f"s3://{BUCKET}")
-    _dvc(clone, "remote", "modify", "sources", "endpointurl", s3_endpoint)
-    _dvc(clone, "remote", "modify", "--local", "sources", "access_key_id", "testing")
-    _dvc(clone, "remote", "modify", "--local", "sources", "secret_access_key", "testing")
-    _dvc(clone, "import-url", "remote://sources/musique/dev.json", IMPORTED)
+    git(work, "clone", "-q", str(REPO_ROOT), str(clone))
+    dvc(clone, "remote", "add", "sources", f"s3://{BUCKET}")
+    dvc(clone, "remote", "modify", "sources", "endpointurl", s3_endpoint)
+    dvc(clone, "remote", "modify", "--local", "sources", "access_key_id", "testing")
+    dvc(clone, "remote", "modify", "--local", "sources", "secret_access_key", "testing")
+    dvc(clone, "import-url", "remote://sources/musique/dev.json", IMPORTED)
     params = (clone / "params.yaml").read_text(encoding="utf-8")
     assert params.count(COMMITTED_PATH) == 1
     (clone / "params.yaml").write_text(params.replace(COMMITTED_PATH, f"path: {IMPORTED}"), encoding="utf-8")
 
-    _dvc(clone, "repro", "--single-item", "prepare_qa")
+    dvc(clone, "repro", "--single-item", "prepare_qa")
     assert _musique_dev_ids(clone) == [r["id"] for r in records]
-    _git(clone, "add", "-A")
-    _git(clone, "commit", "-q", "-m", "MuSiQue dev from S3")
+    git(clone, "add", "-A")
+    git(clone, "commit", "-q", "-m", "MuSiQue dev from S3")
     import_file = clone / f"{IMPORTED}.dvc"
     first_etag = import_file.read_text(encoding="utf-8")
 
@@ -85,11 +61,11 @@ def test_an_imported_s3_benchmark_reruns_prepare_qa_when_the_object_changes(
     # `dvc update`; after it the folder's hash changed and DVC names the stale stage.
     kept = records[:60]
     s3.pipe(f"{BUCKET}/musique/dev.json", json.dumps(kept).encode())
-    assert "up to date" in _dvc(clone, "status", "prepare_qa")
-    _dvc(clone, "update", f"{IMPORTED}.dvc")
+    assert "up to date" in dvc(clone, "status", "prepare_qa")
+    dvc(clone, "update", f"{IMPORTED}.dvc")
     assert import_file.read_text(encoding="utf-8") != first_etag
-    status = _dvc(clone, "status", "prepare_qa")
+    status = dvc(clone, "status", "prepare_qa")
     assert "data/sources" in status and "modified" in status, status
-    _dvc(clone, "repro", "--single-item", "prepare_qa")
+    dvc(clone, "repro", "--single-item", "prepare_qa")
     assert _musique_dev_ids(clone) == [r["id"] for r in kept]
-    assert "up to date" in _dvc(clone, "status", "prepare_qa")
+    assert "up to date" in dvc(clone, "status", "prepare_qa")
