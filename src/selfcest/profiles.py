@@ -151,8 +151,9 @@ def profile_overrides(
     for item in extra:
         tree = _merge(tree, _nested(*parse_set(item)))
     merged = dict(leaves(tree, params=params))
-    added = {key for key in merged if not _has_key(params, key) and _under_open_mapping(params, key)}
-    unknown = [key for key in merged if not _has_key(params, key) and key not in added]
+    missing = [key for key in merged if not _has_key(params, key)]
+    added = {key for key in missing if _under_open_mapping(params, key)}
+    unknown = [key for key in missing if key not in added]
     if unknown:
         raise ProfileError(f"keys that params.yaml does not have: {', '.join(unknown)}")
     return [f"{'+' if key in added else ''}{key}={_value(value)}" for key, value in merged.items()]
