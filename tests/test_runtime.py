@@ -122,13 +122,22 @@ def test_engine_stats_of_a_later_run_add_back_to_the_whole(tiny_tokenizer) -> No
     assert before == engine.stats
 
 
+EIGHT_ONES = arithmetic_question("+".join(["1"] * 8))
+
+
+def eight_ones_spawn_tokens(tiny_tokenizer) -> int:
+    """What the root's first turn on `EIGHT_ONES` costs: its spawn call and the end-of-turn token
+    (112 with the test tokenizer; the budgets below are counted from it, whatever the merges)."""
+    return len(tiny_tokenizer.encode(splitting_policy(EIGHT_ONES), add_special_tokens=False)) + 1
+
+
 def run_eight_ones(tiny_tokenizer, config: RuntimeConfig) -> Episode:
-    """The root spends 112 tokens spawning four clones of 16 tokens ("1+1") that answer in 4."""
+    """The root spends its spawn tokens on four clones of 16 tokens ("1+1") that answer in 4."""
     engine = ScriptedEngine(tiny_tokenizer, splitting_policy)
-    [episode] = Runtime(engine, config).run([Task("t", arithmetic_question("+".join(["1"] * 8)))])
+    [episode] = Runtime(engine, config).run([Task("t", EIGHT_ONES)])
     check_accounting(episode, config)
     root = episode.root
-    assert [t.generated_tokens for t in root.turns[:1]] == [112]
+    assert [t.generated_tokens for t in root.turns[:1]] == [eight_ones_spawn_tokens(tiny_tokenizer)]
     assert [len(spawned) for spawned in root.children] == [4]
     return episode
 
@@ -137,30 +146,33 @@ def run_eight_ones(tiny_tokenizer, config: RuntimeConfig) -> Episode:
 def test_budget_cuts_clone_grants_and_is_never_exceeded(
     tiny_tokenizer, reserve: int, grants: list[int]
 ) -> None:
-    """180 - 112 = 68 tokens are left after the root's first turn. The clones' grants are taken in
-    order, each min(16, left - reserve): with a reserve of 10, 68 -> 52 -> 36 -> 20 leaves the last
-    clone 20 - 10 = 10 tokens, so the root keeps at least its reserve for its final answer."""
-    config = RuntimeConfig(episode_token_budget=180, root_reserve_tokens=reserve, root_max_tokens=400)
+    """68 tokens are left after the root's first turn. The clones' grants are taken in order, each
+    min(16, left - reserve): with a reserve of 10, 68 -> 52 -> 36 -> 20 leaves the last clone
+    20 - 10 = 10 tokens, so the root keeps at least its reserve for its final answer."""
+    spawn_tokens = eight_ones_spawn_tokens(tiny_tokenizer)
+    budget = spawn_tokens + 68
+    config = RuntimeConfig(episode_token_budget=budget, root_reserve_tokens=reserve, root_max_tokens=400)
     episode = run_eight_ones(tiny_tokenizer, config)
     root, clones = episode.root, episode.agents[1:]
     assert [c.max_tokens for c in clones] == [16, 16, 16, 16]
     assert [[t.granted_tokens for t in c.turns] for c in clones] == [[g] for g in grants]
     assert all(c.status == "ok" for c in clones) and episode.final_answer == "8"
-    assert not episode.budget_exhausted and episode.generated_tokens <= 180
-    assert root.turns[0].granted_tokens == 180  # min(root_max_tokens, budget)
+    assert not episode.budget_exhausted and episode.generated_tokens <= budget
+    assert root.turns[0].granted_tokens == budget  # min(root_max_tokens, budget)
     assert len(root.turns) == 2 and root.turns[-1].granted_tokens >= reserve
     # the grants were taken while the root's first turn was the only spending
-    assert sum(grants) <= 180 - 112 - reserve
+    assert sum(grants) <= budget - spawn_tokens - reserve
 
 
 @pytest.mark.parametrize("min_clone_tokens", [3, 4])
 def test_a_clone_granted_less_than_min_clone_tokens_is_not_started(
     tiny_tokenizer, min_clone_tokens: int
 ) -> None:
-    """Budget 173 leaves the last clone min(16, 13 - 10) = 3 tokens: enough to start it when the
-    minimum is 3 (it is cut short), too few when it is 4 (budget_exhausted, without generating)."""
+    """61 tokens after the root's spawn leave the last clone min(16, 13 - 10) = 3 tokens: enough to
+    start it when the minimum is 3 (it is cut short), too few when it is 4 (budget_exhausted,
+    without generating)."""
     config = RuntimeConfig(
-        episode_token_budget=173,
+        episode_token_budget=eight_ones_spawn_tokens(tiny_tokenizer) + 61,
         root_reserve_tokens=10,
         root_max_tokens=400,
         min_clone_tokens=min_clone_tokens,
@@ -498,3 +510,58 @@ def test_a_row_ended_by_a_stop_string_ends_there_even_when_padded_with_a_stop_to
     assert engine._finished_length(row, 16, ("\nmore",)) == (len(words), "stop")
     assert engine._finished_length(row, 16, ()) == (len(words) + 1, "stop")  # the pad ends it
     assert engine._finished_length(words, len(words) - 1, ()) == (len(words) - 1, "length")
+
+
+# ------------------------------------------------------------------ expression halves
+def halving_policy(prompt: str) -> str:
+    """Any agent holding more than 5 terms hands both halves to clones by key, then adds their two
+    answers; a shorter sum it adds itself. It reads its sum from its prompt, as the model does."""
+    message = last_user(prompt)
+    if "<tool_response>" in message:
+        answers = [int(v) for v in re.findall(r"turn\d+_clone\d+: (-?\d+)", message)]
+        return f"Answer: {sum(answers)}"
+    expr = message.split("] ", 1)[1].split("\n", 1)[0] if message.startswith("[") else message
+    terms = re.findall(r"[+-]?\d+", expr)
+    if len(terms) > 5 and "spawn_clone" in prompt:  # an agent without the tool adds them itself
+        return spawn([{"context": [key], "task": "sum"} for key in ("first half", "second half")])
+    return f"Answer: {sum(int(t) for t in terms)}"
+
+
+def test_expression_halves_carry_a_long_sum_down_the_tree(tiny_tokenizer) -> None:
+    terms = [3, -4, 5, 1, -2, 6, 7, -8, 9, 1, 2, -3, 4, 5, -6, 7, 8, -9, 1, 2]  # 20 terms
+    expr = "3" + "".join(f"{t:+d}" for t in terms[1:])
+    config = RuntimeConfig(expression_halves=True, expression_max_depth=3, episode_token_budget=1024)
+    engine = ScriptedEngine(tiny_tokenizer, halving_policy)
+    [episode] = Runtime(engine, config).run([Task("long", arithmetic_question(expr))])
+    assert episode.final_answer == str(sum(terms))
+    assert not episode.protocol_errors
+    clones = [a for a in episode.agents if a.role == "clone"]
+    # 20 -> 10 + 10 -> four clones of 5 at depth 2, which add their sums themselves
+    assert sorted(a.depth for a in clones) == [1, 1, 2, 2, 2, 2]
+    leaves = [a for a in clones if a.depth == 2]
+    # each clone's prompt holds its own half, cut by the runtime: nothing was copied by the policy
+    held = [a.token_ids for a in leaves]
+    texts = [tiny_tokenizer.decode(ids, skip_special_tokens=False) for ids in held]
+    assert [last_user(t).split("\n", 1)[0] for t in texts] == [
+        "[first half] 3-4+5+1-2",
+        "[second half] 6+7-8+9+1",
+        "[first half] 2-3+4+5-6",
+        "[second half] 7+8-9+1+2",
+    ]
+    # the agents at depth 2 (the last below expression_max_depth 3) still hold the tool
+    assert all("spawn_clone" in t for t in texts)
+    check_accounting(episode, config)
+
+
+def test_expression_halves_depth_and_off_switch(tiny_tokenizer) -> None:
+    expr = "1+2+3+4+5+6+7+8+9+1+2+3"
+    engine = ScriptedEngine(tiny_tokenizer, halving_policy)
+    # depth 1: clones have no tool, and the policy's 6-term clones add their sums anyway
+    config = RuntimeConfig(expression_halves=True, expression_max_depth=1)
+    [episode] = Runtime(engine, config).run([Task("d1", arithmetic_question(expr))])
+    assert episode.final_answer == "51"
+    assert [a.depth for a in episode.agents] == [0, 1, 1]
+    # off: the sum offers no documents, so a call naming a half is a protocol error
+    [episode] = Runtime(engine, RuntimeConfig()).run([Task("off", arithmetic_question(expr))])
+    assert any(e["kind"] == "unknown_context_key" for e in episode.protocol_errors)
+    assert episode.final_answer != "51"

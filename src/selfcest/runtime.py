@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from selfcest.engine import GenerationEngine, GenerationRequest, SamplingConfig
+from selfcest.halves import HALF_KEYS, expression_halves, question_expression
 from selfcest.prompts import (
     ANSWER_MARKER,
     CLONE_SYSTEM_PROMPT,
@@ -56,6 +57,13 @@ class RuntimeConfig:
     """Assistant turns of a tool-using agent; its last turn cannot spawn."""
     max_depth: int = 1
     """1: clones have no tools (the release). 2+: clones may spawn clones of their own."""
+    expression_halves: bool = False
+    """Arithmetic prompts of a flat `+`/`-` sum: every agent holding a sum may hand its `first half`
+    or `second half` to a clone by context key, cut by the runtime (`selfcest.halves`), and a clone
+    handed a half holds that half. False: arithmetic tasks have no documents (the release)."""
+    expression_max_depth: int = 3
+    """`max_depth` of the episodes that `expression_halves` applies to (a 20-term sum halves to
+    sums of 5 terms at depth 2)."""
     root_max_tokens: int = 160
     """Cap on one root turn's generation."""
     clone_max_tokens: int = 96
@@ -176,6 +184,10 @@ class _State:
     ready: list[int] = field(default_factory=list)
     started: float = 0.0
     done: bool = False
+    documents: list[dict[str, str]] = field(default_factory=list)
+    """Per agent, the documents it may hand its clones by key."""
+    halves: bool = False
+    """Whether the episode's agents hand halves of their sums (`RuntimeConfig.expression_halves`)."""
 
 
 class Runtime:
@@ -242,17 +254,28 @@ class Runtime:
         state = _State(
             episode, task, config.episode_token_budget, [messages], [""], started=time.perf_counter()
         )
+        documents = dict(task.documents)
+        expression = question_expression(task.question) if config.expression_halves else None
+        halves = expression_halves(expression) if expression is not None else {}
+        state.halves = bool(halves) and config.use_tools
+        if state.halves:
+            documents.update(halves)
+        state.documents.append(documents)
         self._set_prompt(state, 0)
         state.ready.append(0)
         return state
 
-    def _tools_for(self, agent: AgentRecord) -> list[dict[str, Any]] | None:
-        return [SPAWN_CLONE_TOOL] if self.config.use_tools and agent.depth < self.config.max_depth else None
+    def _tools_for(self, state: _State, agent: AgentRecord) -> list[dict[str, Any]] | None:
+        max_depth = self.config.expression_max_depth if state.halves else self.config.max_depth
+        return [SPAWN_CLONE_TOOL] if self.config.use_tools and agent.depth < max_depth else None
 
     def _set_prompt(self, state: _State, index: int) -> None:
         agent = state.episode.agents[index]
         text = self.tokenizer.apply_chat_template(
-            state.messages[index], tools=self._tools_for(agent), add_generation_prompt=True, tokenize=False
+            state.messages[index],
+            tools=self._tools_for(state, agent),
+            add_generation_prompt=True,
+            tokenize=False,
         )
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         agent.token_ids = list(ids)
@@ -331,13 +354,13 @@ class Runtime:
     def _after_turn(self, state: _State, index: int, text: str, finish_reason: str, content: str) -> None:
         config = self.config
         agent = state.episode.agents[index]
-        can_spawn = self._tools_for(agent) is not None
+        can_spawn = self._tools_for(state, agent) is not None
         if can_spawn:
             parsed = parse_tool_calls(
                 text,
                 max_calls=config.max_calls_per_turn,
                 max_objectives=config.max_clones_per_call,
-                known_context_keys=state.task.documents.keys(),
+                known_context_keys=state.documents[index].keys(),
             )
             self._record_errors(state, agent, parsed.errors)
             state.episode.repairs += parsed.repairs
@@ -375,7 +398,7 @@ class Runtime:
         parent_agent = state.episode.agents[parent]
         child_index = len(state.episode.agents)
         turn = len(parent_agent.turns)
-        documents = {key: state.task.documents[key] for key in keys}
+        documents = {key: state.documents[parent][key] for key in keys}
         cap = min(
             requested if requested is not None else config.default_clone_max_tokens, config.clone_max_tokens
         )
@@ -399,6 +422,11 @@ class Runtime:
             ]
         )
         state.rendered.append("")
+        if state.halves and len(keys) == 1 and keys[0] in HALF_KEYS:
+            # The clone holds the half it was handed, and may hand on halves of it in turn.
+            state.documents.append(expression_halves(documents[keys[0]]))
+        else:
+            state.documents.append(dict(state.task.documents))
         self._set_prompt(state, child_index)
         return child_index
 
@@ -479,7 +507,10 @@ class Runtime:
         """
         agent = state.episode.agents[index]
         text = self.tokenizer.apply_chat_template(
-            state.messages[index], tools=self._tools_for(agent), add_generation_prompt=True, tokenize=False
+            state.messages[index],
+            tools=self._tools_for(state, agent),
+            add_generation_prompt=True,
+            tokenize=False,
         )
         prefix = state.rendered[index]
         remainder = text[len(prefix) :] if text.startswith(prefix) else None

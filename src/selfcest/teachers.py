@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from selfcest.data.qa import fact_sentences, record_documents, sentences
+from selfcest.halves import HALF_KEYS, format_terms, parse_terms, split_terms
 from selfcest.prompts import (
     CLONE_SYSTEM_PROMPT,
     MONOLITHIC_SYSTEM_PROMPT,
@@ -34,7 +34,6 @@ from selfcest.prompts import (
 )
 
 Message = dict[str, str]
-_TERM = re.compile(r"[+-]?\d+")
 
 
 @dataclass
@@ -59,6 +58,19 @@ class TeacherConfig:
     """Share of QA records that also get a thinking-mode conversation: the monolithic reader's
     quoted facts, then every fact quoted again as a check, then the answer. Without it the thinking
     baseline had never seen QA in its own style and answered exactly as `base` (same tokens)."""
+    arithmetic_delegation: str = "chunks"
+    """How delegating arithmetic agents split a sum. `chunks`: the root copies chunks of
+    `chunk_sizes` terms into its clones' tasks and adds their answers up (in reduction turns when
+    there are more than `max_root_combine`). `halves`: an agent hands the runtime-cut `first half`
+    and `second half` of its sum to two clones by context key and adds the two answers; a clone
+    holding a half may do the same (`selfcest.halves`; the runtime's `expression_halves`)."""
+    halves_leaf_terms: int = 5
+    """`halves`: an agent whose sum has more terms than this always delegates it."""
+    halves_needless_fraction: float = 0.2
+    """`halves`: share of agents with at most `halves_leaf_terms` terms that delegate anyway (a
+    choice for RL to weigh: more tokens, shorter steps)."""
+    halves_max_depth: int = 3
+    """`halves`: depth below which an agent holds the tool (the runtime's `expression_max_depth`)."""
     qa_extra_keys_fraction: float = 0.2
     """Share of QA hops that hand the clone a needless extra paragraph."""
     qa_mono_distractors: tuple[int, int] = (1, 8)
@@ -90,19 +102,6 @@ def _solo(system_prompt: str, question: str, answer: str, kind: str) -> dict[str
 
 
 # ---------------------------------------------------------------------------- arithmetic
-def parse_terms(expr: str) -> list[int]:
-    """Signed terms of a `+`/`-` expression: "12+7-3" -> [12, 7, -3]."""
-    terms = [int(t) for t in _TERM.findall(expr)]
-    if not terms or "".join(_TERM.findall(expr)) != expr.replace(" ", ""):
-        raise ValueError(f"not a +/- expression of integers: {expr!r}")
-    return terms
-
-
-def format_terms(terms: Sequence[int]) -> str:
-    first = str(terms[0])
-    return first + "".join(f"+{t}" if t >= 0 else f"-{-t}" for t in terms[1:])
-
-
 def sum_steps(terms: Sequence[int]) -> list[str]:
     """One line per addition, `acc op term=new`: the step-by-step trace the tiny model can follow."""
     lines = []
@@ -150,6 +149,12 @@ def arithmetic_conversations(
     out = [_solo(MONOLITHIC_SYSTEM_PROMPT, question, solve_text(terms), "arith_mono")]
     if rng.random() < config.thinking_fraction:
         out.append(_solo(THINKING_SYSTEM_PROMPT, question, thinking_text(terms), "arith_thinking"))
+    if config.arithmetic_delegation == "halves":
+        return out + arithmetic_halves_conversations(terms, rng, config, held_out)
+    if config.arithmetic_delegation != "chunks":
+        raise ValueError(
+            f"teacher arithmetic_delegation {config.arithmetic_delegation!r}: expected chunks or halves"
+        )
     # Clone side: a random contiguous chunk, with its sign, as a clone would receive it.
     for _ in range(HELD_OUT_REDRAWS):
         start = rng.randrange(len(terms))
@@ -220,6 +225,86 @@ def arithmetic_root_conversation(
         )
     messages.append({"role": "assistant", "content": solve_text(operands)})
     return conversation(messages, tools=True, kind="arith_root_delegate")
+
+
+HALF_TASK = "sum"
+"""The task of a clone handed a half: the half itself is its document."""
+
+
+def halves_call(keys: Sequence[str]) -> str:
+    """A spawn call handing each key's half to a clone (the context key before the task, as in QA)."""
+    return spawn_call([{"context": [key], "task": HALF_TASK} for key in keys])
+
+
+def _halves_turns(
+    terms: list[int],
+    depth: int,
+    rng: random.Random,
+    config: TeacherConfig,
+    clones: list[tuple[list[int], str, int]],
+) -> list[Message]:
+    """An agent's turns for the sum `terms` at `depth`: solve it, or hand both halves to clones and add
+    their two answers. The clones it spawns (terms, key, depth) go to `clones`."""
+    delegate = (
+        depth < config.halves_max_depth
+        and len(terms) > 1
+        and (len(terms) > config.halves_leaf_terms or rng.random() < config.halves_needless_fraction)
+    )
+    if not delegate:
+        return [{"role": "assistant", "content": solve_text(terms)}]
+    halves = split_terms(terms)
+    clones.extend((half, key, depth + 1) for half, key in zip(halves, HALF_KEYS, strict=True))
+    sums = [sum(half) for half in halves]
+    return [
+        {"role": "assistant", "content": halves_call(HALF_KEYS)},
+        {"role": "tool", "content": "\n".join(f"turn1_clone{i}: {s}" for i, s in enumerate(sums))},
+        {"role": "assistant", "content": solve_text(sums)},
+    ]
+
+
+def _halves_clone(
+    terms: list[int],
+    key: str,
+    depth: int,
+    rng: random.Random,
+    config: TeacherConfig,
+    clones: list[tuple[list[int], str, int]],
+) -> dict[str, Any]:
+    """A clone at `depth` handed the half `terms` under `key`: it solves or halves again."""
+    messages: list[Message] = [
+        {"role": "system", "content": CLONE_SYSTEM_PROMPT},
+        {"role": "user", "content": clone_user_message(HALF_TASK, {key: format_terms(terms)})},
+        *_halves_turns(terms, depth, rng, config, clones),
+    ]
+    return conversation(messages, tools=depth < config.halves_max_depth, kind="arith_half_clone")
+
+
+def arithmetic_halves_conversations(
+    terms: list[int], rng: random.Random, config: TeacherConfig, held_out: Collection[str]
+) -> list[dict[str, Any]]:
+    """`halves` delegation for one training problem: the root's conversation, a clone holding the
+    whole sum as if it were a half of a longer one (so that clones learn to halve long sums too, which
+    the root's own clones, at most half a training sum, never need), and one clone drawn from the
+    clones of both trees (the root's and that clone's)."""
+    nodes: list[tuple[list[int], str, int]] = []
+    root: list[Message] = [
+        {"role": "system", "content": ROOT_SYSTEM_PROMPT},
+        {"role": "user", "content": arithmetic_question(format_terms(terms))},
+        *_halves_turns(terms, 0, rng, config, nodes),
+    ]
+    kind = "arith_root_delegate" if len(root) > 3 else "arith_root_direct"
+    out = [conversation(root, tools=True, kind=kind)]
+    whole_clones: list[tuple[list[int], str, int]] = []
+    whole = _halves_clone(terms, rng.choice(HALF_KEYS), 1, rng, config, whole_clones)
+    if arithmetic_question(format_terms(terms)) not in held_out:
+        out.append(whole)
+    pool = nodes + whole_clones
+    if pool:
+        chunk, key, depth = pool[rng.randrange(len(pool))]
+        clone = _halves_clone(chunk, key, depth, rng, config, [])
+        if arithmetic_question(format_terms(chunk)) not in held_out:
+            out.append(clone)
+    return out
 
 
 # ---------------------------------------------------------------------------- multi-hop QA

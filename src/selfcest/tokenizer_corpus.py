@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from selfcest.halves import HALF_KEYS
 from selfcest.prompts import (
     CLONE_SYSTEM_PROMPT,
     MONOLITHIC_SYSTEM_PROMPT,
@@ -17,7 +18,7 @@ from selfcest.prompts import (
     SPAWN_CLONE_TOOL,
     THINKING_SYSTEM_PROMPT,
 )
-from selfcest.teachers import spawn_call
+from selfcest.teachers import HALF_TASK, halves_call, spawn_call
 from selfcest.tokenizer import CHAT_TEMPLATE
 
 SYSTEM_PROMPTS = (ROOT_SYSTEM_PROMPT, CLONE_SYSTEM_PROMPT, MONOLITHIC_SYSTEM_PROMPT, THINKING_SYSTEM_PROMPT)
@@ -68,6 +69,9 @@ def protocol_corpus(
             for _ in range(rng.randint(1, 4))
         ]
         yield spawn_call(objectives)
+        # Halves: the call every delegating arithmetic agent writes, and a clone's prompt around its half.
+        yield halves_call(HALF_KEYS)
+        yield f"[{rng.choice(HALF_KEYS)}] {rng.randint(0, 9)}+{rng.randint(0, 9)}\n{HALF_TASK}"
         yield "\n".join(f"turn1_clone{i}: {rng.randint(-99, 999)}" for i in range(len(objectives)))
         yield f"Answer: {rng.randint(-999, 999)}"
         yield "Answer: failed (no information)"
