@@ -13,6 +13,11 @@ Fresh expressions from the active arithmetic profile's generator in `params.yaml
   back the expression exactly (no term lost, repeated or altered), which is what a root must do
   before any clone can help. Defined for sums and differences, the only expressions the warm-up
   teaches roots to chunk.
+- with `runtime.expression_halves` (a root hands the runtime-cut halves of its sum by key, so there
+  is nothing to copy and `exact_chunks` is None): `halves_clones_right`, of the roots that halved
+  their sum, the share whose two clones (each with its own subtree) answered their half's sum; and
+  `root_combines_right`, of those, the share whose final answer is right: the root's own last step,
+  reading its clones' answers back and adding them.
 - `oracle_spawn_accuracy` (with `--oracle-spawn`): the same delegating episodes, except that every
   root's first turn is the warm-up teacher's spawn call for its expression (`teachers.
   arithmetic_root_conversation`, always delegating, its chunk sizes and budgets; sizes that would
@@ -60,6 +65,7 @@ from selfcest.evaluation import (  # noqa: E402
     problem_from_record,
     runtime_config_from_params,
 )
+from selfcest.halves import HALF_KEYS, expression_halves  # noqa: E402
 from selfcest.model import load_model  # noqa: E402
 from selfcest.prompts import ROOT_SYSTEM_PROMPT, arithmetic_question  # noqa: E402
 from selfcest.runtime import AgentRecord  # noqa: E402
@@ -103,6 +109,23 @@ def first_spawn_is_exact(result: ProblemResult, expr: str) -> bool | None:
     # so a chunk that does not start with `-` continues the sum with a `+`.
     joined = chunks[0] + "".join(chunk if chunk.startswith("-") else f"+{chunk}" for chunk in chunks[1:])
     return joined in (expr, f"+{expr}")
+
+
+def first_spawn_halves(result: ProblemResult, expr: str) -> bool | None:
+    """None unless the root's first spawn handed out halves of its sum by key (`selfcest.halves`);
+    else whether every clone of that spawn answered its half's sum."""
+    root = result.episodes[0].agents[0]
+    if not root.children:
+        return None
+    clones = [result.episodes[0].agents[index] for index in root.children[0]]
+    if not all(len(agent.context_keys) == 1 and agent.context_keys[0] in HALF_KEYS for agent in clones):
+        return None
+    halves = expression_halves(expr)
+    return all(
+        agent.answer is not None
+        and agent.answer.strip() == str(sum(parse_terms(halves[agent.context_keys[0]])))
+        for agent in clones
+    )
 
 
 def _question_expr(prompt: str) -> str:
@@ -223,7 +246,13 @@ def main() -> None:
         exact = [
             first_spawn_is_exact(result, expr) for (expr, _), result in zip(pairs, delegate, strict=True)
         ]
-        spawned = [flag for flag in exact if flag is not None]
+        halved = [
+            (flag, result.correct)
+            for (expr, _), result in zip(pairs, delegate, strict=True)
+            if (flag := first_spawn_halves(result, expr)) is not None
+        ]
+        exact = [None if halved else flag for flag in exact]  # halves are cut by the runtime, not copied
+        spawned = [result for result in delegate if result.episodes[0].agents[0].children]
         count = len(problems)
         line = {
             "operators": num_operators,
@@ -231,8 +260,14 @@ def main() -> None:
             "monolithic_accuracy": round(sum(r.correct for r in monolithic) / count, 3),
             "delegate_accuracy": round(sum(r.correct for r in delegate) / count, 3),
             "delegation_rate": round(len(spawned) / count, 3),
-            "exact_chunks": round(sum(spawned) / len(spawned), 3) if spawned else None,
+            "exact_chunks": round(sum(e for e in exact if e) / len(spawned), 3)
+            if spawned and not halved
+            else None,
         }
+        if halved:
+            right = [correct for clones_right, correct in halved if clones_right]
+            line["halves_clones_right"] = round(len(right) / len(halved), 3)
+            line["root_combines_right"] = round(sum(right) / len(right), 3) if right else None
         if oracle is not None:
             forced, _ = oracle.run(MethodSpec("delegate", mode="delegate"), problems, args.budget)
             line["oracle_spawn_accuracy"] = round(sum(r.correct for r in forced) / count, 3)

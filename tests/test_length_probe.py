@@ -81,3 +81,33 @@ def test_attention_scale_raises_every_first_layer_attention_row_to_that_power(ti
         length_probe.scale_attention_logits(torch.nn.Linear(2, 2), 0.0)
     with pytest.raises(ValueError, match="q_norm"):
         length_probe.scale_attention_logits(torch.nn.Linear(2, 2), 2.0)
+
+
+def test_halves_diagnostic_separates_the_clones_sums_from_the_roots_own_addition(tiny_tokenizer) -> None:
+    """Roots halve, clones answer their half's sum (one clone is off by one on `p1`), and the root of
+    `p2` adds its clones' answers wrongly: the probe's two halves measures tell the steps apart."""
+
+    def policy(prompt: str) -> str:
+        user = prompt.rsplit("<|im_start|>user\n", 1)[-1]
+        if "<tool_response>" in user:
+            partials = [int(v) for v in _RESULT_LINE.findall(user)]
+            return f"Answer: {sum(partials) + (1 if '9-9+9' in prompt else 0)}"
+        if CLONE_SYSTEM_PROMPT not in prompt:
+            return '<tool_call>\n{"name": "spawn_clone", "arguments": {"objectives": [{"context": ["first half"], "task": "sum"}, {"context": ["second half"], "task": "sum"}]}}\n</tool_call>'
+        held = user.split("] ", 1)[1].split("\n", 1)[0]
+        return f"Answer: {sum(parse_terms(held)) + (1 if held == '5+5' else 0)}"
+
+    exprs = ["1+2+3+4", "5+5+1+1", "9-9+9-9"]
+    problems = [
+        problem_from_record("arithmetic", {"id": f"p{i}", "expr": e, "answer": sum(parse_terms(e))})
+        for i, e in enumerate(exprs)
+    ]
+    runtime = RuntimeConfig(expression_halves=True, expression_max_depth=1)
+    results, _ = Evaluator(ScriptedEngine(tiny_tokenizer, policy), runtime).run(
+        MethodSpec("delegate", mode="delegate"), problems, 512
+    )
+    flags = [length_probe.first_spawn_halves(r, e) for r, e in zip(results, exprs, strict=True)]
+    assert flags == [True, False, True]
+    assert [r.correct for r in results] == [1.0, 0.0, 0.0]
+    # halves are cut by the runtime: the chunk-copy measure does not apply to them
+    assert length_probe.first_spawn_is_exact(results[0], exprs[0]) is False
