@@ -66,11 +66,6 @@ class TeacherConfig:
     holding a half may do the same (`selfcest.halves`; the runtime's `expression_halves`)."""
     halves_leaf_terms: int = 5
     """`halves`: an agent whose sum has more terms than this always delegates it."""
-    halves_root_leaf_terms: int | None = None
-    """`halves`: the root's `halves_leaf_terms` (None: the same as a clone's). 1: a root with the
-    tool halves every sum of two or more terms, so its first step needs no sense of the sum's length,
-    which past the training lengths it lacks: with 5, the seed-42 roots halved 12-14-term sums in
-    70% of `arithmetic/ood` problems and 16-20-term ones in 25% (docs/results.md)."""
     halves_needless_fraction: float = 0.2
     """`halves`: share of agents with at most `halves_leaf_terms` terms that delegate anyway (a
     choice for RL to weigh: more tokens, shorter steps)."""
@@ -250,13 +245,10 @@ def _halves_turns(
 ) -> list[Message]:
     """An agent's turns for the sum `terms` at `depth`: solve it, or hand both halves to clones and add
     their two answers. The clones it spawns (terms, key, depth) go to `clones`."""
-    leaf_terms = config.halves_leaf_terms
-    if depth == 0 and config.halves_root_leaf_terms is not None:
-        leaf_terms = config.halves_root_leaf_terms
     delegate = (
         depth < config.halves_max_depth
         and len(terms) > 1
-        and (len(terms) > leaf_terms or rng.random() < config.halves_needless_fraction)
+        and (len(terms) > config.halves_leaf_terms or rng.random() < config.halves_needless_fraction)
     )
     if not delegate:
         return [{"role": "assistant", "content": solve_text(terms)}]
