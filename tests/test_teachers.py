@@ -9,13 +9,15 @@ from collections import Counter
 
 from selfcest.data.arithmetic import evaluate_expression
 from selfcest.data.qa import RELATIONS, SyntheticSplitConfig, synthetic_record
-from selfcest.prompts import THINKING_SYSTEM_PROMPT
+from selfcest.prompts import THINKING_SYSTEM_PROMPT, arithmetic_question
 from selfcest.protocol import extract_answer, parse_tool_calls
 from selfcest.teachers import (
     TeacherConfig,
+    arithmetic_conversations,
     arithmetic_root_conversation,
     build_warmup_conversations,
     format_terms,
+    halves_call,
     paragraph_facts,
     parse_terms,
     qa_conversations,
@@ -291,3 +293,120 @@ def test_clone_conversations_never_ask_a_held_out_problem_and_cover_reduction_tu
     assert {c["messages"][-2]["content"] for c in without if c["kind"] == "arith_clone"} & {
         f"Calculate the value of {e}." for e in held_out
     }  # the check is what keeps them out
+
+
+# ---------------------------------------------------------------------------- halves
+def _halves_agent_sum(conversation: dict) -> list[int]:
+    """The sum an agent of a halves conversation holds: the root's prompt, or a clone's document."""
+    message = conversation["messages"][1]["content"]
+    if message.startswith("["):
+        key, _, rest = message[1:].partition("] ")
+        expr, _, task = rest.partition("\n")
+        assert key in ("first half", "second half") and task == "sum"
+        return parse_terms(expr)
+    return parse_terms(_TASK.match(message).group(1))
+
+
+def test_halves_teacher_delegates_long_sums_by_key_and_adds_the_two_answers() -> None:
+    rng = random.Random(0)
+    config = TeacherConfig(arithmetic_delegation="halves", halves_leaf_terms=5, halves_max_depth=3)
+    seen = Counter()
+    for _ in range(300):
+        terms = [rng.choice([-1, 1]) * rng.randint(0, 9) for _ in range(rng.randint(2, 8))]
+        conversations = arithmetic_conversations(format_terms(terms), rng, config)
+        kinds = [c["kind"] for c in conversations]
+        assert kinds.count("arith_root_direct") + kinds.count("arith_root_delegate") == 1
+        # the clone holding the whole sum, and one clone from the trees when there is one
+        assert (
+            kinds.count("arith_half_clone") == 2
+            if len(terms) > 5
+            else 1 <= kinds.count("arith_half_clone") <= 2
+        )
+        for conversation in conversations:
+            if not conversation["kind"].startswith(("arith_root", "arith_half")):
+                continue
+            held = _halves_agent_sum(conversation)
+            turns = conversation["messages"][2:]
+            seen[(conversation["kind"], len(turns))] += 1
+            if len(held) > config.halves_leaf_terms and conversation["tools"]:
+                assert len(turns) == 3  # a long sum is always halved by an agent holding the tool
+            if len(turns) == 1:
+                _assert_solution_is_right(turns[0]["content"], format_terms(held))
+                continue
+            assert conversation["tools"]  # only an agent holding the tool delegates
+            [call] = parse_tool_calls(turns[0]["content"], max_calls=2, max_objectives=8).calls
+            assert [(o.context, o.task) for o in call.objectives] == [
+                (["first half"], "sum"),
+                (["second half"], "sum"),
+            ]
+            middle = (len(held) + 1) // 2
+            sums = [sum(held[:middle]), sum(held[middle:])]
+            assert turns[1]["content"] == f"turn1_clone0: {sums[0]}\nturn1_clone1: {sums[1]}"
+            assert int(extract_answer(turns[2]["content"])) == sum(held)
+            _assert_solution_is_right(turns[2]["content"], format_terms(sums))
+    # short sums are sometimes halved anyway, and clones of every size solve or halve
+    assert seen[("arith_root_direct", 1)] and seen[("arith_root_delegate", 3)]
+    assert seen[("arith_half_clone", 1)] and seen[("arith_half_clone", 3)]
+
+
+def test_halves_clones_never_hold_a_held_out_sum() -> None:
+    config = TeacherConfig(arithmetic_delegation="halves", halves_needless_fraction=1.0)
+    terms = [3, -4, 5, 1, -2, 6, 7, -8]
+    held_out = {arithmetic_question("3-4+5+1"), arithmetic_question("3-4+5+1-2+6-7+8")}
+    for seed in range(30):
+        for conversation in arithmetic_conversations(
+            format_terms(terms), random.Random(seed), config, held_out
+        ):
+            if conversation["kind"] == "arith_half_clone":
+                assert arithmetic_question(format_terms(_halves_agent_sum(conversation))) not in held_out
+
+
+def test_halves_conversations_are_what_the_runtime_renders(tiny_tokenizer) -> None:
+    """The prompts the teacher trains on are the runtime's, token for token: the root's, and those
+    of clones holding a half at depth 1 (with the tool) and at the last depth (without it)."""
+    from selfcest.runtime import Runtime, RuntimeConfig, Task
+    from selfcest.scripted import ScriptedEngine
+
+    terms = [3, -4, 5, 1, -2, 6, 7, -8, 9, 1, 2, -3]
+    config = TeacherConfig(arithmetic_delegation="halves", halves_max_depth=2)
+    teacher: dict[str, set[str]] = {}  # a sum's prompts: with the tool (depth 1) and without (depth 2)
+    for seed in range(40):  # both keys for the whole-sum clones, and draws of every tree node
+        for expr in (format_terms(terms), format_terms(terms[:6]), format_terms(terms[6:])):
+            for conversation in arithmetic_conversations(expr, random.Random(seed), config):
+                if conversation["kind"].startswith(("arith_root", "arith_half")):
+                    tools = json.loads(conversation["tools"]) if conversation["tools"] else None
+                    teacher.setdefault(conversation["messages"][1]["content"], set()).add(
+                        tiny_tokenizer.apply_chat_template(
+                            conversation["messages"][:2],
+                            tools=tools,
+                            add_generation_prompt=True,
+                            tokenize=False,
+                        )
+                    )
+    runtime_prompts: dict[str, str] = {}
+
+    def policy(prompt: str) -> str:
+        user = prompt.rsplit("<|im_start|>user\n", 1)[-1]
+        if "<tool_response>" in user:
+            return "Answer: " + str(sum(int(v) for v in re.findall(r"clone\d+: (-?\d+)", user)))
+        held = user.split("<|im_end|>", 1)[0]
+        runtime_prompts[held] = prompt
+        expr = (
+            held[1:].partition("] ")[2].partition("\n")[0]
+            if held.startswith("[")
+            else _TASK.match(held).group(1)
+        )
+        if len(parse_terms(expr)) > 5 and "spawn_clone" in prompt:
+            return halves_call(["first half", "second half"])
+        return f"Answer: {sum(parse_terms(expr))}"
+
+    runtime = Runtime(
+        ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig(expression_halves=True, expression_max_depth=2)
+    )
+    [episode] = runtime.run([Task("t", arithmetic_question(format_terms(terms)))])
+    assert episode.final_answer == str(sum(terms))
+    assert sorted(a.depth for a in episode.agents) == [0, 1, 1, 2, 2, 2, 2]
+    assert set(runtime_prompts) <= set(teacher)  # every prompt the runtime wrote, the teacher taught
+    for held, prompt in runtime_prompts.items():
+        assert prompt in teacher[held], held
+
