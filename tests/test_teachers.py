@@ -409,4 +409,3 @@ def test_halves_conversations_are_what_the_runtime_renders(tiny_tokenizer) -> No
     assert set(runtime_prompts) <= set(teacher)  # every prompt the runtime wrote, the teacher taught
     for held, prompt in runtime_prompts.items():
         assert prompt in teacher[held], held
-
