@@ -6,6 +6,7 @@ import re
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from scripted_policies import halving_policy, last_user
 
 from selfcest.engine import SamplingConfig, TransformersEngine
 from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question
@@ -19,10 +20,6 @@ def spawn(objectives: list[dict]) -> str:
         + json.dumps({"name": "spawn_clone", "arguments": {"objectives": objectives}})
         + "\n</tool_call>"
     )
-
-
-def last_user(prompt: str) -> str:
-    return prompt.rsplit("<|im_start|>user\n", 1)[-1]
 
 
 def sum_of(text: str) -> int:
@@ -513,20 +510,6 @@ def test_a_row_ended_by_a_stop_string_ends_there_even_when_padded_with_a_stop_to
 
 
 # ------------------------------------------------------------------ expression halves
-def halving_policy(prompt: str) -> str:
-    """Any agent holding more than 5 terms hands both halves to clones by key, then adds their two
-    answers; a shorter sum it adds itself. It reads its sum from its prompt, as the model does."""
-    message = last_user(prompt)
-    if "<tool_response>" in message:
-        answers = [int(v) for v in re.findall(r"turn\d+_clone\d+: (-?\d+)", message)]
-        return f"Answer: {sum(answers)}"
-    expr = message.split("] ", 1)[1].split("\n", 1)[0] if message.startswith("[") else message
-    terms = re.findall(r"[+-]?\d+", expr)
-    if len(terms) > 5 and "spawn_clone" in prompt:  # an agent without the tool adds them itself
-        return spawn([{"context": [key], "task": "sum"} for key in ("first half", "second half")])
-    return f"Answer: {sum(int(t) for t in terms)}"
-
-
 def test_expression_halves_carry_a_long_sum_down_the_tree(tiny_tokenizer) -> None:
     terms = [3, -4, 5, 1, -2, 6, 7, -8, 9, 1, 2, -3, 4, 5, -6, 7, 8, -9, 1, 2]  # 20 terms
     expr = "3" + "".join(f"{t:+d}" for t in terms[1:])

@@ -7,6 +7,8 @@ import random
 import re
 from collections import Counter
 
+from scripted_policies import halving_policy, last_user
+
 from selfcest.data.arithmetic import evaluate_expression
 from selfcest.data.qa import RELATIONS, SyntheticSplitConfig, synthetic_record
 from selfcest.prompts import THINKING_SYSTEM_PROMPT, arithmetic_question
@@ -17,7 +19,6 @@ from selfcest.teachers import (
     arithmetic_root_conversation,
     build_warmup_conversations,
     format_terms,
-    halves_call,
     paragraph_facts,
     parse_terms,
     qa_conversations,
@@ -386,19 +387,10 @@ def test_halves_conversations_are_what_the_runtime_renders(tiny_tokenizer) -> No
     runtime_prompts: dict[str, str] = {}
 
     def policy(prompt: str) -> str:
-        user = prompt.rsplit("<|im_start|>user\n", 1)[-1]
-        if "<tool_response>" in user:
-            return "Answer: " + str(sum(int(v) for v in re.findall(r"clone\d+: (-?\d+)", user)))
-        held = user.split("<|im_end|>", 1)[0]
-        runtime_prompts[held] = prompt
-        expr = (
-            held[1:].partition("] ")[2].partition("\n")[0]
-            if held.startswith("[")
-            else _TASK.match(held).group(1)
-        )
-        if len(parse_terms(expr)) > 5 and "spawn_clone" in prompt:
-            return halves_call(["first half", "second half"])
-        return f"Answer: {sum(parse_terms(expr))}"
+        held = last_user(prompt).split("<|im_end|>", 1)[0]
+        if "<tool_response>" not in held:
+            runtime_prompts[held] = prompt
+        return halving_policy(prompt)
 
     runtime = Runtime(
         ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig(expression_halves=True, expression_max_depth=2)
