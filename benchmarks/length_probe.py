@@ -121,11 +121,7 @@ def first_spawn_halves(result: ProblemResult, expr: str) -> bool | None:
     if not all(len(agent.context_keys) == 1 and agent.context_keys[0] in HALF_KEYS for agent in clones):
         return None
     halves = expression_halves(expr)
-    return all(
-        agent.answer is not None
-        and agent.answer.strip() == str(sum(parse_terms(halves[agent.context_keys[0]])))
-        for agent in clones
-    )
+    return all(_answered_sum(agent, halves[agent.context_keys[0]]) for agent in clones)
 
 
 def _question_expr(prompt: str) -> str:
@@ -133,11 +129,14 @@ def _question_expr(prompt: str) -> str:
     return prompt[prompt.rindex(QUESTION_PREFIX) + len(QUESTION_PREFIX) :].split(QUESTION_SUFFIX)[0]
 
 
+def _answered_sum(agent: AgentRecord, expr: str) -> bool:
+    """Whether `agent`'s answer is the sum of `expr`."""
+    return agent.answer is not None and agent.answer.strip() == str(sum(parse_terms(expr)))
+
+
 def _clone_is_right(agent: AgentRecord) -> bool:
     """Whether a clone answered its chunk's sum (its task is a teacher-written arithmetic question)."""
-    return agent.answer is not None and agent.answer.strip() == str(
-        sum(parse_terms(_question_expr(agent.task)))
-    )
+    return _answered_sum(agent, _question_expr(agent.task))
 
 
 class OracleFirstSpawnEngine:
@@ -251,8 +250,7 @@ def main() -> None:
             for (expr, _), result in zip(pairs, delegate, strict=True)
             if (flag := first_spawn_halves(result, expr)) is not None
         ]
-        exact = [None if halved else flag for flag in exact]  # halves are cut by the runtime, not copied
-        spawned = [result for result in delegate if result.episodes[0].agents[0].children]
+        spawned = [flag for flag in exact if flag is not None]
         count = len(problems)
         line = {
             "operators": num_operators,
@@ -260,9 +258,8 @@ def main() -> None:
             "monolithic_accuracy": round(sum(r.correct for r in monolithic) / count, 3),
             "delegate_accuracy": round(sum(r.correct for r in delegate) / count, 3),
             "delegation_rate": round(len(spawned) / count, 3),
-            "exact_chunks": round(sum(e for e in exact if e) / len(spawned), 3)
-            if spawned and not halved
-            else None,
+            # halves are cut by the runtime, not copied: no chunk to check
+            "exact_chunks": round(sum(spawned) / len(spawned), 3) if spawned and not halved else None,
         }
         if halved:
             right = [correct for clones_right, correct in halved if clones_right]
