@@ -20,11 +20,13 @@ __all__ = [
     "file_sha256",
     "load_params",
     "read_jsonl",
+    "resolve_source",
     "setup_logging",
     "write_json",
 ]
 
 PARAMS_FILE = Path("params.yaml")
+log = logging.getLogger("stages")
 # Every stage runs through these besides its own script: part of a training run's or eval cell's
 # code fingerprint (`selfcest.checkpoints.code_sha256`), so an edit here never resumes a killed run.
 SUPPORT_FILES = (Path(__file__).resolve(), Path(__file__).resolve().with_name("__init__.py"))
@@ -49,3 +51,21 @@ def setup_logging() -> None:
 def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def resolve_source(path: str, params_key: str) -> str:
+    """A source path as the readers take it: URLs (s3://, memory://, ...) pass through with a
+    warning, local paths stay relative to the working directory. `params_key` names the setting
+    that holds the path, for the warning's advice."""
+    if "://" not in path:
+        return str(Path(path))
+    # DVC tracks the stage's local deps only: a URL read here is not one of them, so a new version
+    # of that object would not rerun the stage. `dvc import-url` into data/sources/ (a dep of the
+    # stage) records the object's ETag and `dvc update` brings in a new version (README).
+    log.warning(
+        "%s: read from a URL that DVC does not track (a change there does not rerun this stage); "
+        "for lineage, `dvc import-url` it into data/sources/ and point %s there",
+        path,
+        params_key,
+    )
+    return path

@@ -28,24 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from selfcest.data.math import MathSplit, load_math_split  # noqa: E402
 from selfcest.data.qa import canonical_jsonl, records_sha256  # noqa: E402
-from stages.common import PARAMS_FILE, load_params, setup_logging, write_json  # noqa: E402
+from stages.common import PARAMS_FILE, load_params, resolve_source, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("prepare_math")
-
-
-def _resolve(path: str) -> str:
-    # URLs (s3://, memory://, ...) pass through; local paths are relative to the working dir.
-    if "://" not in path:
-        return str(Path(path))
-    # DVC tracks the stage's local deps only: a URL read here is not one of them, so a new version
-    # of that object would not rerun the stage. `dvc import-url` into data/sources/ (a dep of the
-    # stage) records the object's ETag and `dvc update` brings in a new version (README).
-    log.warning(
-        "%s: read from a URL that DVC does not track (a change there does not rerun this stage); "
-        "for lineage, `dvc import-url` it into data/sources/ and point eval.math_sources there",
-        path,
-    )
-    return path
 
 
 def build(params: dict[str, Any]) -> dict[str, MathSplit]:
@@ -59,7 +44,7 @@ def build(params: dict[str, Any]) -> dict[str, MathSplit]:
             raise ValueError(f"eval.splits.math names {name!r}, which has no path in eval.math_sources")
         source = sources[name]
         splits[name] = load_math_split(
-            _resolve(str(source["path"])),
+            resolve_source(str(source["path"]), "eval.math_sources"),
             source=name,
             limits=limits,
             storage_options=source.get("storage_options"),

@@ -42,7 +42,7 @@ from selfcest.data.qa import (  # noqa: E402
     type_guess_accuracy,
 )
 from selfcest.data.validation import validate_records  # noqa: E402
-from stages.common import PARAMS_FILE, load_params, setup_logging, write_json  # noqa: E402
+from stages.common import PARAMS_FILE, load_params, resolve_source, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("prepare_qa")
 
@@ -75,21 +75,6 @@ def _features() -> Any:
             "type": datasets.Value("string"),
         }
     )
-
-
-def _resolve(path: str) -> str:
-    # URLs (s3://, memory://, ...) pass through; local paths are relative to the working dir.
-    if "://" not in path:
-        return str(Path(path))
-    # DVC tracks the stage's local deps only: a URL read here is not one of them, so a new version
-    # of that object would not rerun the stage. `dvc import-url` into data/sources/ (a dep of the
-    # stage) records the object's ETag and `dvc update` brings in a new version (README).
-    log.warning(
-        "%s: read from a URL that DVC does not track (a change there does not rerun this stage); "
-        "for lineage, `dvc import-url` it into data/sources/ and point qa.real.sources there",
-        path,
-    )
-    return path
 
 
 def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quarantined], dict[str, Any]]:
@@ -139,7 +124,7 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
             seen: dict[str, str] = {}  # id -> canonical JSON of the first copy
             per_file: dict[str, dict[str, int]] = {}
             for src in sources:
-                path = _resolve(src["path"])
+                path = resolve_source(src["path"], "qa.real.sources")
                 loaded = load_source(
                     src["format"],
                     path,

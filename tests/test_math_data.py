@@ -154,7 +154,7 @@ def test_stage_reads_local_and_s3_sources_and_writes_the_quarantine_before_stopp
         "aime24": {"path": str(AIME24), "avg_k": 8},
         "aime24_s3": {"path": "s3://benchmarks/aime/aime24_test.jsonl", "storage_options": options},
     }
-    with caplog.at_level("WARNING", logger="prepare_math"):
+    with caplog.at_level("WARNING", logger="stages"):
         prepare_math.main(["--params", str(_stage_params(tmp_path, sources, ["aime24", "aime24_s3"]))])
     # Only the URL is named as outside DVC's lineage (data/sources/README.md says what to do instead).
     untracked = [r.getMessage() for r in caplog.records if "DVC does not track" in r.getMessage()]
