@@ -12,7 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
-from selfcest.checkpoints import code_sha256, fingerprint, weights_sha256, write_model_card
+from selfcest.checkpoints import checkpoint_sha256s, code_sha256, fingerprint, write_model_card
 from selfcest.model import load_model
 from selfcest.teachers import build_warmup_conversations
 from selfcest.tokenizer import load_tokenizer
@@ -73,18 +73,14 @@ def main() -> None:
     data_hashes = {"arithmetic_train": file_sha256(args.arithmetic), "qa_train": file_sha256(args.qa)}
     data_hashes |= {f"held_out:{path}": file_sha256(path) for path in args.held_out}
     # The initial weights do not change with the tokenizer's merges (same vocabulary size), so the
-    # tokenizer files are hashed too: a retrained tokenizer must not resume checkpoints of the old one.
-    data_hashes |= {
-        f"init:{name}": file_sha256(Path(args.init) / name)
-        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-        if (Path(args.init) / name).exists()
-    }
+    # tokenizer files count too: a retrained tokenizer must not resume checkpoints of the old one.
+    init_hashes = checkpoint_sha256s(args.init)
     run_fingerprint = fingerprint(
         {
             "params": params["warmup"],
             "seed": params["seed"],
             "data": data_hashes,
-            "init": weights_sha256(args.init),
+            "init": init_hashes,
             "code": code_sha256(__file__, *SUPPORT_FILES),
         }
     )
@@ -105,7 +101,7 @@ def main() -> None:
         out,
         title="selfcest warm-up checkpoint (tiny Qwen3)",
         params=params["warmup"],
-        data_hashes=data_hashes,
+        data_hashes=data_hashes | {f"init:{name}": sha for name, sha in init_hashes.items()},
         metrics=metrics,
     )
     write_json(args.metrics, {**metrics, "kinds": kinds})
