@@ -14,6 +14,7 @@ import random
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -54,6 +55,21 @@ LOG_COLUMNS = [
 ]
 
 
+def selfcest_config(params: dict[str, Any], variant_name: str) -> SelfcestConfig:
+    """The rollout, reward and gate settings of one `grpo.variants` entry."""
+    grpo = params["grpo"]
+    variant = grpo["variants"][variant_name]
+    return SelfcestConfig(
+        runtime=RuntimeConfig(use_tools=variant["use_tools"], **grpo["runtime"]),
+        reward=RewardConfig(**grpo["reward"]),
+        # `gate_options: null` (a user's "none") means no options, as `{}` does
+        gate=GateConfig(mode=variant["gate"], **(grpo.get("gate_options") or {})),
+        clone_weighting=grpo["clone_weighting"],
+        temperature=grpo["temperature"],
+        seed=params["seed"],
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--variant", required=True)
@@ -83,15 +99,7 @@ def main() -> None:
     view = "delegate" if variant["use_tools"] else "monolithic"
     tasks = [task_from_record(record, view) for record in records]
 
-    runtime = RuntimeConfig(use_tools=variant["use_tools"], **grpo["runtime"])
-    selfcest = SelfcestConfig(
-        runtime=runtime,
-        reward=RewardConfig(**grpo["reward"]),
-        gate=GateConfig(mode=variant["gate"], **grpo.get("gate_options", {})),
-        clone_weighting=grpo["clone_weighting"],
-        temperature=grpo["temperature"],
-        seed=params["seed"],
-    )
+    selfcest = selfcest_config(params, args.variant)
     training = TrainingConfig(**grpo["training"])
     data_hashes = {"arithmetic_train": file_sha256(args.arithmetic), "qa_train": file_sha256(args.qa)}
     run_fingerprint = fingerprint(

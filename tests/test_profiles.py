@@ -24,9 +24,9 @@ def test_the_paper_profile_applies_through_dvc_and_every_stage_config_builds(tmp
     from selfcest.data.arithmetic import build_arithmetic_splits
     from selfcest.evaluation import MethodSpec, runtime_config_from_params
     from selfcest.grpo import TrainingConfig
-    from selfcest.rewards import GateConfig, RewardConfig
-    from selfcest.runtime import RuntimeConfig
+    from selfcest.rewards import RewardConfig
     from selfcest.sweep_config import settings_for
+    from stages.train_grpo import selfcest_config
 
     assert cli_main(["profile", str(PAPER), "--params", str(REPO / "params.yaml"), "--print0"]) == 0
     words = capsys.readouterr().out.split("\0")[:-1]
@@ -44,9 +44,8 @@ def test_the_paper_profile_applies_through_dvc_and_every_stage_config_builds(tmp
     assert {"train", "test", "ood"} <= set(splits) and any("*" in r["expr"] for r in splits["train"])
     # train_grpo, every variant
     grpo = params["grpo"]
-    for variant in grpo["variants"].values():
-        training_runtime = RuntimeConfig(use_tools=variant["use_tools"], **grpo["runtime"])
-        GateConfig(mode=variant["gate"], **grpo.get("gate_options", {}))
+    for variant in grpo["variants"]:
+        training_runtime = selfcest_config(params, variant).runtime
     # Training episodes follow evaluation's protocol: what a clone's answer looks like to its root
     # (the tool message's cuts) and who may spawn (the depth). Were these left at RuntimeConfig's
     # defaults, RL would train on 32-token lines that the paper profile evaluates at 64.
@@ -228,3 +227,14 @@ def test_keys_under_the_mappings_params_yaml_leaves_empty_are_added_as_dvc_adds_
     assert applied["eval"]["sweep"]["vllm"] == {"gpu_memory_utilization": 0.5, "enforce_eager": True}
     with pytest.raises(ProfileError, match="does not have: eval.sweep.vlm$"):
         profile_overrides({"eval": {"sweep": {"vlm": {"gpu_memory_utilization": 0.5}}}}, params)
+
+
+def test_grpo_gate_options_null_means_no_options() -> None:
+    """A user who writes `gate_options: null` (YAML's "none") gets the gate's defaults, as with `{}`."""
+    from selfcest.rewards import GateConfig
+    from stages.train_grpo import selfcest_config
+
+    params = _params()
+    params["grpo"]["gate_options"] = None
+    for name, variant in params["grpo"]["variants"].items():
+        assert selfcest_config(params, name).gate == GateConfig(mode=variant["gate"])
