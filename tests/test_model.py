@@ -257,3 +257,20 @@ def test_chat_template_renders_a_system_message_after_the_first_as_its_own_turn(
     )
     assert "<|im_start|>system\nMID NOTE<|im_end|>\n<|im_start|>user\nQ2" in text
     assert text.count("SYS") == 1  # the first system message still heads the tools block, once
+
+
+@pytest.mark.parametrize("tools", [None, [SPAWN_CLONE_TOOL]])
+def test_chat_template_renders_none_content_as_empty_text(tiny_tokenizer, tools) -> None:
+    """OpenAI-style messages may carry `content: None` (Qwen3's template renders ''); it had raised."""
+
+    def render(content: str | None) -> str:
+        messages = [
+            {"role": "system", "content": content},
+            {"role": "user", "content": content},
+            {"role": "assistant", "content": content},
+            {"role": "tool", "content": content},
+        ]
+        return tiny_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+
+    assert render(None) == render("")
+    assert "<tool_response>\n\n</tool_response>" in render(None)

@@ -23,10 +23,11 @@ TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_respons
 SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
 
 # Qwen3's Hermes tool format, trimmed of the reasoning-content branches that the tiny model never uses.
+# Content `None` renders as '', as in Qwen3's template (an OpenAI-style message may carry it).
 CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{%- if messages[0].role == 'system' %}{{- (messages[0].content or '') + '\\n\\n' }}{%- endif %}"
     "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
     "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
@@ -34,11 +35,11 @@ CHAT_TEMPLATE = (
     "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
     '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
     "{%- elif messages[0].role == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{{- '<|im_start|>system\\n' + (messages[0].content or '') + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>\\n' }}"
     "{%- elif message.role == 'assistant' %}"
     "{{- '<|im_start|>assistant\\n' }}"
     "{%- generation %}"
@@ -58,7 +59,7 @@ CHAT_TEMPLATE = (
     "{{- '\\n' }}"
     "{%- elif message.role == 'tool' %}"
     "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{{- '\\n<tool_response>\\n' + (message.content or '') + '\\n</tool_response>' }}"
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- endif %}"
     "{%- endfor %}"
