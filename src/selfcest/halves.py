@@ -15,10 +15,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from selfcest.prompts import arithmetic_question
+
 HALF_KEYS = ("first half", "second half")
 
 _TERM = re.compile(r"[+-]?\d+")
-_QUESTION = re.compile(r"Calculate the value of (?P<expr>[0-9+\- ]+)\.")
+# The prompt's words around the sum, taken from the prompt itself so that the two cannot drift apart.
+_QUESTION_PREFIX, _QUESTION_SUFFIX = arithmetic_question("\0").split("\0")
+_QUESTION = re.compile(re.escape(_QUESTION_PREFIX) + r"(?P<expr>[0-9+\- ]+)" + re.escape(_QUESTION_SUFFIX))
 
 
 def parse_terms(expr: str) -> list[int]:

@@ -17,6 +17,8 @@ from selfcest.prompts import (
     ROOT_SYSTEM_PROMPT,
     SPAWN_CLONE_TOOL,
     THINKING_SYSTEM_PROMPT,
+    arithmetic_question,
+    clone_user_message,
 )
 from selfcest.teachers import HALF_TASK, halves_call, spawn_call
 from selfcest.tokenizer import CHAT_TEMPLATE
@@ -63,7 +65,7 @@ def protocol_corpus(
         yield from fixed
         objectives: list[dict[str, object]] = [
             {
-                "task": f"Calculate the value of {rng.randint(0, 99)}+{rng.randint(0, 99)}.",
+                "task": arithmetic_question(f"{rng.randint(0, 99)}+{rng.randint(0, 99)}"),
                 "max_tokens": rng.randint(8, 96),
             }
             for _ in range(rng.randint(1, 4))
@@ -71,7 +73,9 @@ def protocol_corpus(
         yield spawn_call(objectives)
         # Halves: the call every delegating arithmetic agent writes, and a clone's prompt around its half.
         yield halves_call(HALF_KEYS)
-        yield f"[{rng.choice(HALF_KEYS)}] {rng.randint(0, 9)}+{rng.randint(0, 9)}\n{HALF_TASK}"
+        yield clone_user_message(
+            HALF_TASK, {rng.choice(HALF_KEYS): f"{rng.randint(0, 9)}+{rng.randint(0, 9)}"}
+        )
         yield "\n".join(f"turn1_clone{i}: {rng.randint(-99, 999)}" for i in range(len(objectives)))
         yield f"Answer: {rng.randint(-999, 999)}"
         yield "Answer: failed (no information)"
