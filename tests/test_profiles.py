@@ -24,7 +24,6 @@ def test_the_paper_profile_applies_through_dvc_and_every_stage_config_builds(tmp
     from selfcest.data.arithmetic import build_arithmetic_splits
     from selfcest.evaluation import MethodSpec, runtime_config_from_params
     from selfcest.grpo import TrainingConfig
-    from selfcest.rewards import RewardConfig
     from selfcest.sweep_config import settings_for
     from stages.train_grpo import selfcest_config
 
@@ -52,7 +51,6 @@ def test_the_paper_profile_applies_through_dvc_and_every_stage_config_builds(tmp
     evaluation_runtime = runtime_config_from_params(params["runtime"])
     for protocol in ("max_depth", "tool_line_max_tokens", "tool_message_max_tokens"):
         assert getattr(training_runtime, protocol) == getattr(evaluation_runtime, protocol), protocol
-    RewardConfig(**grpo["reward"])
     assert TrainingConfig(**grpo["training"]).learning_rate == pytest.approx(6e-7)
     # the evaluation cells and the report
     eval_params = params["eval"]
