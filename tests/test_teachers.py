@@ -7,7 +7,6 @@ import random
 import re
 from collections import Counter
 
-import pytest
 from scripted_policies import halving_policy, last_user
 
 from selfcest.data.arithmetic import evaluate_expression
@@ -309,12 +308,9 @@ def _halves_agent_sum(conversation: dict) -> list[int]:
     return parse_terms(_TASK.match(message).group(1))
 
 
-@pytest.mark.parametrize("combine", ["steps", "direct"])
-def test_halves_teacher_delegates_long_sums_by_key_and_adds_the_two_answers(combine: str) -> None:
+def test_halves_teacher_delegates_long_sums_by_key_and_adds_the_two_answers() -> None:
     rng = random.Random(0)
-    config = TeacherConfig(
-        arithmetic_delegation="halves", halves_leaf_terms=5, halves_max_depth=3, halves_combine=combine
-    )
+    config = TeacherConfig(arithmetic_delegation="halves", halves_leaf_terms=5, halves_max_depth=3)
     seen = Counter()
     for _ in range(300):
         terms = [rng.choice([-1, 1]) * rng.randint(0, 9) for _ in range(rng.randint(2, 8))]
@@ -348,18 +344,10 @@ def test_halves_teacher_delegates_long_sums_by_key_and_adds_the_two_answers(comb
             sums = [sum(held[:middle]), sum(held[middle:])]
             assert turns[1]["content"] == f"turn1_clone0: {sums[0]}\nturn1_clone1: {sums[1]}"
             assert int(extract_answer(turns[2]["content"])) == sum(held)
-            if combine == "steps":
-                _assert_solution_is_right(turns[2]["content"], format_terms(sums))
-            else:  # the answer alone: no `a+b=c` line on the tree's critical path
-                assert turns[2]["content"] == f"Answer: {sum(held)}"
+            _assert_solution_is_right(turns[2]["content"], format_terms(sums))
     # short sums are sometimes halved anyway, and clones of every size solve or halve
     assert seen[("arith_root_direct", 1)] and seen[("arith_root_delegate", 3)]
     assert seen[("arith_half_clone", 1)] and seen[("arith_half_clone", 3)]
-
-
-def test_teacher_config_refuses_an_unknown_combine_mode() -> None:
-    with pytest.raises(ValueError, match="halves_combine 'sum'"):
-        TeacherConfig(halves_combine="sum")
 
 
 def test_halves_clones_never_hold_a_held_out_sum() -> None:

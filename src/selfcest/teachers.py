@@ -17,7 +17,7 @@ import json
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from selfcest.data.qa import fact_sentences, record_documents, sentences
 from selfcest.halves import HALF_KEYS, format_terms, parse_terms, split_terms
@@ -71,11 +71,6 @@ class TeacherConfig:
     choice for RL to weigh: more tokens, shorter steps)."""
     halves_max_depth: int = 3
     """`halves`: depth below which an agent holds the tool (the runtime's `expression_max_depth`)."""
-    halves_combine: Literal["steps", "direct"] = "steps"
-    """`halves`: how an agent adds its two clones' answers. `steps`: the `a+b=c` line, then
-    `Answer: c`, as in a solution. `direct`: `Answer: c` alone. The addition is one step either way;
-    the written line repeats it, and every delegating level of a tree waits for that turn, so it adds
-    its ~7 tokens to the tree's critical path once per level (two levels for a 12-20-term sum)."""
     qa_extra_keys_fraction: float = 0.2
     """Share of QA hops that hand the clone a needless extra paragraph."""
     qa_mono_distractors: tuple[int, int] = (1, 8)
@@ -90,13 +85,6 @@ class TeacherConfig:
     needs the name matching the tiny model learns last, so it learned to fail at random, and greedy
     decoding then picks the one frequent `failed` reply over the many names it spreads the rest over
     (measured: 1% clone accuracy with the gold paragraph; 80% after 700 clone-only steps without)."""
-
-    def __post_init__(self) -> None:
-        # Checked here, so that a typo in params.yaml fails before the warm-up builds its data.
-        if self.halves_combine not in ("steps", "direct"):
-            raise ValueError(
-                f"warmup.teacher.halves_combine {self.halves_combine!r}: expected steps or direct"
-            )
 
 
 def conversation(messages: list[Message], *, tools: bool, kind: str) -> dict[str, Any]:
@@ -270,13 +258,8 @@ def _halves_turns(
     return [
         {"role": "assistant", "content": halves_call(HALF_KEYS)},
         {"role": "tool", "content": "\n".join(f"turn1_clone{i}: {s}" for i, s in enumerate(sums))},
-        {"role": "assistant", "content": _combine_text(sums, config.halves_combine)},
+        {"role": "assistant", "content": solve_text(sums)},
     ]
-
-
-def _combine_text(sums: list[int], combine: str) -> str:
-    """A delegating agent's last turn: the sum of its clones' answers (`TeacherConfig.halves_combine`)."""
-    return solve_text(sums) if combine == "steps" else f"Answer: {sum(sums)}"
 
 
 def _halves_clone(
