@@ -1,6 +1,8 @@
 """Stage build_model: train the tokenizer on the project's task text and build the initial tiny model.
 
 With `model.init_from` set to a local checkpoint (paper profile), that checkpoint is copied as is.
+`dvc.yaml` lists the `models/` folder as this stage's dependency, so a checkpoint kept there reruns
+the pipeline when its files change; one elsewhere is copied all the same, with a warning.
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +20,29 @@ from selfcest.model import TinyModelConfig, build_tiny_model, count_parameters
 from selfcest.tokenizer import load_tokenizer, train_tokenizer
 from selfcest.tokenizer_corpus import protocol_corpus
 from stages.common import load_params, setup_logging, write_json
+
+log = logging.getLogger("build_model")
+
+CHECKPOINTS_DIR = Path("models")
+"""Local starting checkpoints, relative to the repository root: `build_model`'s DVC dependency."""
+
+
+def untracked_checkpoint_reason(init_from: Path | str, tracked: Path | str = CHECKPOINTS_DIR) -> str | None:
+    """Why DVC would not notice a change to the files of `init_from`, or None when it would.
+
+    DVC hashes the `tracked` folder as a dependency but does not follow a symbolic link to a folder
+    inside it (measured with DVC 3.67: a linked checkpoint's files are left out of the folder's hash),
+    so a checkpoint must lie under that folder, through no linked folder."""
+    folder = Path(os.path.abspath(tracked))
+    path = Path(os.path.abspath(init_from))  # abspath, not resolve: a link on the way must show
+    if path != folder and folder not in path.parents:
+        return f"it is outside {tracked}/, the folder dvc.yaml lists as build_model's dependency"
+    for part in (path, *path.parents):
+        if part == folder:
+            break
+        if part.is_symlink():
+            return f"{part} is a symbolic link, which DVC does not follow inside {tracked}/"
+    return None
 
 
 def read_corpus_files(paths: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -61,6 +88,15 @@ def main() -> None:
     model_params = dict(params["model"])
     init_from = model_params.pop("init_from", None)
     if init_from:
+        reason = untracked_checkpoint_reason(init_from)
+        if reason:
+            log.warning(
+                "model.init_from %s: %s, so DVC will not rerun the pipeline when its files change. "
+                "Copy it there or track it with `dvc add %s/<name>` (models/README.md).",
+                init_from,
+                reason,
+                CHECKPOINTS_DIR,
+            )
         shutil.copytree(init_from, out)
         tokenizer = load_tokenizer(out)
         write_json(args.report, {"init_from": str(init_from), "vocab_size": len(tokenizer)})

@@ -274,3 +274,36 @@ def test_chat_template_renders_none_content_as_empty_text(tiny_tokenizer, tools)
 
     assert render(None) == render("")
     assert "<tool_response>\n\n</tool_response>" in render(None)
+
+
+def test_build_model_names_a_starting_checkpoint_dvc_would_not_track(tmp_path: Path) -> None:
+    """`models/` is build_model's DVC dependency: a checkpoint there is tracked; one elsewhere, or one
+    reached through a linked folder (DVC does not follow it), is named with the reason."""
+    from stages.build_model import untracked_checkpoint_reason
+
+    tracked = tmp_path / "models"
+    (tracked / "qwen").mkdir(parents=True)
+    outside = tmp_path / "elsewhere" / "qwen"
+    outside.mkdir(parents=True)
+    (tracked / "linked").symlink_to(outside, target_is_directory=True)
+    assert untracked_checkpoint_reason(tracked / "qwen", tracked) is None
+    assert "outside" in untracked_checkpoint_reason(outside, tracked)
+    assert "outside" in untracked_checkpoint_reason(tmp_path / "models-old" / "qwen", tracked)
+    assert "symbolic link" in untracked_checkpoint_reason(tracked / "linked", tracked)
+    assert "symbolic link" in untracked_checkpoint_reason(tracked / "linked" / "sub", tracked)
+
+
+def test_build_model_stage_copies_a_starting_checkpoint_and_warns_when_dvc_would_not_track_it(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text(f"seed: 1\ntokenizer: {{}}\nmodel: {{init_from: {tiny_checkpoint}}}\n")
+    out, report = tmp_path / "model", tmp_path / "report.json"
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "stages.build_model", "--params", str(params), "--out", str(out)]
+    done = subprocess.run(
+        [*cmd, "--report", str(report)], check=True, cwd=root, capture_output=True, text=True
+    )
+    assert (out / "model.safetensors").read_bytes() == (tiny_checkpoint / "model.safetensors").read_bytes()
+    assert json.loads(report.read_text())["init_from"] == str(tiny_checkpoint)
+    assert f"model.init_from {tiny_checkpoint}: it is outside models/" in done.stderr
