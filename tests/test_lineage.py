@@ -91,3 +91,13 @@ def test_lineage_reader_follows_imports_transitively() -> None:
     files = {str(p.relative_to(ROOT)) for p in transitive_files("stages.evaluate")}
     assert {"stages/evaluate.py", "src/selfcest/evaluation.py", "src/selfcest/scoring.py"} <= files
     assert "src/selfcest/teachers.py" not in files
+
+
+def test_build_model_lists_the_starting_checkpoints_folder_it_warns_about() -> None:
+    """`stages.build_model` warns about a `model.init_from` outside `CHECKPOINTS_DIR` because that
+    folder is its DVC dependency; the two must name the same folder."""
+    from stages.build_model import CHECKPOINTS_DIR
+
+    [deps] = [deps for name, _, deps in stage_commands() if name == "build_model"]
+    assert CHECKPOINTS_DIR.as_posix() in deps
+    assert (ROOT / CHECKPOINTS_DIR / "README.md").is_file()
