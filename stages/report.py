@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
             outcomes=reports.load_outcomes(sweep, name),
             resamples=int((eval_params.get("sweep") or {}).get("bootstrap_resamples", 1000)),
             min_correct=int(report.get("claim_min_correct", 5)),
+            min_token_saving=float(report.get("claim_min_token_saving", 1.0)),
         )
         for name in report.get("claim_splits") or []
     }

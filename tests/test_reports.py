@@ -255,6 +255,56 @@ def test_claims_with_missing_methods_are_not_checked() -> None:
     assert claim_beats_prompted(strong_sweep(), "selfcest", "prompted", 300).status == NOT_CHECKED
 
 
+def test_claim_b_is_not_checked_when_a_method_lacks_a_row_at_a_tested_budget() -> None:
+    """A rival without its row at one budget has a frontier lower than its own there, so (b) cannot
+    hold on it; selfcest without a row at a budget is not compared there either."""
+    rows = strong_sweep() + [
+        row("sc@8", b, a, g) for b, a, g in [(100, 0.1, 100), (200, 0.3, 190), (400, 0.9, 390)]
+    ]
+    rivals = [*ROLES["rivals"], "sc@8"]
+    assert claim_frontier(rows, "selfcest", rivals, BUDGETS).status == FAILS  # sc@8 at 400: 90% > 80%
+    hole = [r for r in rows if not (r["method"] == "sc@8" and r["budget"] == 400)]
+    claim = claim_frontier(hole, "selfcest", rivals, BUDGETS)
+    assert claim.status == NOT_CHECKED and "No row (missing): sc@8 at 400" in claim.detail
+    ours_hole = [r for r in strong_sweep() if not (r["method"] == "selfcest" and r["budget"] == 400)]
+    claim = claim_frontier(ours_hole, "selfcest", ROLES["rivals"], BUDGETS)
+    assert claim.status == NOT_CHECKED and "budget 400" not in claim.detail.split(". No row")[0]
+
+
+def test_claims_leave_out_rows_without_problems_and_name_them() -> None:
+    """An empty cell's row (n = 0, NaN accuracy and tokens) counts as missing wherever it stands in
+    the rows, instead of a NaN winning or losing comparisons by its place."""
+    empty = dict(row("selfcest", 400, math.nan, math.nan, math.nan), n=0)
+    for place in (0, -1):
+        rows = [r for r in strong_sweep() if not (r["method"] == "selfcest" and r["budget"] == 400)]
+        rows.insert(len(rows) if place == -1 else 0, empty)
+        claims = check_claims(rows, roles=ROLES, budgets=BUDGETS, reference_budget=200)
+        a, b, c, d = claims
+        assert a.status == HOLDS and "+20.0 pts at budget 200" in a.detail  # 400's gap is not a NaN
+        assert b.status == NOT_CHECKED and c.status == HOLDS and d.status == HOLDS
+        assert all("Left out (no problems or no numbers): selfcest at 400" in x.detail for x in claims)
+
+
+def test_claim_a_names_budgets_that_do_not_meet() -> None:
+    rows = [r for r in strong_sweep() if r["method"] in ("selfcest", "base")]
+    disjoint = [r for r in rows if (r["method"], r["budget"]) in {("selfcest", 100), ("base", 200)}]
+    claim = claim_beats_base(disjoint, "selfcest", "base", 0.15)
+    assert (
+        claim.status == NOT_CHECKED and claim.detail == "no budget in common (selfcest: [100], base: [200])"
+    )
+
+
+def test_claim_c_asks_a_token_saving_of_at_least_min_token_saving_at_equal_accuracy() -> None:
+    rows = [
+        dict(r, accuracy=0.70, gen_tokens=170.27) if r["method"] == "prompted" and r["budget"] == 200 else r
+        for r in strong_sweep()
+    ]
+    claim = claim_beats_prompted(rows, "selfcest", "prompted", 200)
+    assert claim.status == FAILS and "170.0 generated tokens vs 70.0% with 170.3" in claim.detail
+    assert "0.27 fewer tokens per problem is under the 1 asked" in claim.detail
+    assert claim_beats_prompted(rows, "selfcest", "prompted", 200, min_token_saving=0.25).status == HOLDS
+
+
 def test_settings_per_dataset() -> None:
     params = {
         "budgets": {"arithmetic": [400, 100, 200], "qa": [64]},
@@ -490,7 +540,16 @@ def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
     arith = metrics["benchmarks"]["arithmetic/ood"]
     assert arith["reference_budget"] == 200 and arith["methods"]["selfcest"]["accuracy"] == 0.7
     assert 0.0 < arith["methods"]["base"]["auc"] < arith["methods"]["selfcest"]["auc"] < 1.0
-    assert metrics["claims"]["arithmetic/ood"] == {"a": 1, "c": 1, "d": 1}  # (b): noclone-grpo is missing
+    assert 0.0 < arith["methods"]["base"]["auc_critical"] < arith["methods"]["selfcest"]["auc_critical"] < 1.0
+    # (b): noclone-grpo is missing; (a) and (c) hold with a caveat in their verdicts, (d) without
+    assert metrics["claims"]["arithmetic/ood"] == {
+        "a": 1,
+        "c": 1,
+        "d": 1,
+        "a_weak": 1,
+        "c_weak": 1,
+        "d_weak": 0,
+    }
     assert metrics["claims"]["qa/test"] == {}  # nothing to check without selfcest
     assert metrics["benchmarks"]["qa/test"]["type_guess_floor"] == 0.25
     assert "type_guess_floor" not in arith

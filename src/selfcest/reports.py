@@ -18,6 +18,7 @@ Frontier definitions (cost x = mean tokens per problem, accuracy y in [0, 1]):
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import html
 import json
@@ -421,7 +422,11 @@ def claim_beats_base(
     ours, theirs = _by_budget(rows, selfcest), _by_budget(rows, base)
     budgets = sorted(set(ours) & set(theirs))
     if not budgets:
-        return Claim("a", statement, NOT_CHECKED, f"missing: {selfcest if not ours else base}")
+        if ours and theirs:
+            reason = f"no budget in common ({selfcest}: {sorted(ours)}, {base}: {sorted(theirs)})"
+        else:
+            reason = f"missing: {selfcest if not ours else base}"
+        return Claim("a", statement, NOT_CHECKED, reason)
     gaps = {b: ours[b]["accuracy"] - theirs[b]["accuracy"] for b in budgets}
     best = max(budgets, key=lambda b: gaps[b])
     status = HOLDS if gaps[best] >= min_gain - EPS else FAILS
@@ -450,15 +455,21 @@ def claim_frontier(
 ) -> Claim:
     """(b) At every tested budget b, selfcest's frontier value F_selfcest(b) (best accuracy using at
     most b generated tokens) is at least every rival's F_rival(b). A present rival above selfcest
-    anywhere makes it fail; otherwise a missing rival (or missing selfcest) leaves it not checked."""
+    anywhere makes it fail; otherwise a missing rival (or missing selfcest), or a method without a
+    row at a tested budget, leaves it not checked: a frontier without that budget's point may be
+    lower than the method's own. A budget where selfcest itself has no row is not compared."""
     statement = f"{selfcest}'s frontier is at or above those of {', '.join(rivals)} at every budget tested"
     ours = method_points(rows, selfcest)
     present = [m for m in rivals if method_points(rows, m)]
     absent = [m for m in rivals if m not in present]
     if not ours or not present:
         return Claim("b", statement, NOT_CHECKED, f"missing: {', '.join([selfcest] if not ours else absent)}")
+    tested = {m: set(_by_budget(rows, m)) for m in [selfcest, *present]}
+    holes = [f"{m} at {b}" for b in budgets for m in [selfcest, *present] if b not in tested[m]]
     failures, lines, above_somewhere = [], [], False
     for b in budgets:
+        if b not in tested[selfcest]:
+            continue
         mine = frontier_value(ours, b)
         theirs = {m: frontier_value(method_points(rows, m), b) for m in present}
         best = max(theirs, key=lambda m: theirs[m])
@@ -470,7 +481,10 @@ def claim_frontier(
     detail = ("; ".join(lines)) + (f". Below: {', '.join(failures)}" if failures else "")
     if absent:
         detail += f". Not compared (missing): {', '.join(absent)}"
-    status = FAILS if failures else (NOT_CHECKED if absent else HOLDS)  # a missing rival could still be above
+    if holes:
+        detail += f". No row (missing): {', '.join(holes)}"
+    # A missing rival or row could still be above.
+    status = FAILS if failures else (NOT_CHECKED if absent or holes else HOLDS)
     return Claim("b", statement, status, detail, TIES_ONLY if status == HOLDS and not above_somewhere else "")
 
 
@@ -481,9 +495,11 @@ def claim_beats_prompted(
     reference_budget: int,
     outcomes: Outcomes | None = None,
     resamples: int = 1000,
+    min_token_saving: float = 1.0,
 ) -> Claim:
     """(c) At the reference budget, selfcest has higher accuracy than prompted (the same checkpoint
-    before RL with the same tool), or equal accuracy with fewer mean generated tokens. Not checked
+    before RL with the same tool), or equal accuracy with at least `min_token_saving` fewer mean
+    generated tokens per problem (a smaller mean saving is most problems spending the same). Not checked
     when neither is ever right there: fewer tokens for no correct answer is no win (measured: a
     seed whose warm-up never learned QA delegation had both at 0%, selfcest with fewer tokens)."""
     statement = f"{selfcest} beats {prompted} (higher accuracy, or equal accuracy for fewer tokens)"
@@ -505,14 +521,20 @@ def claim_beats_prompted(
             f"neither {selfcest} nor {prompted} is ever right at budget {reference_budget}",
         )
     better = a["accuracy"] > b["accuracy"] + EPS
-    tie_cheaper = abs(a["accuracy"] - b["accuracy"]) <= EPS and a["gen_tokens"] < b["gen_tokens"]
+    tie = abs(a["accuracy"] - b["accuracy"]) <= EPS
+    saving = b["gen_tokens"] - a["gen_tokens"]
+    tie_cheaper = tie and saving >= min_token_saving - EPS
     evidence = _paired_evidence(
         outcomes, (selfcest, reference_budget), (prompted, reference_budget), resamples
     )
     detail = (
-        f"at budget {reference_budget}: {_pct(a['accuracy'])} with {a['gen_tokens']:.0f} generated tokens vs "
-        f"{_pct(b['accuracy'])} with {b['gen_tokens']:.0f}{evidence.text if evidence else ''}"
+        f"at budget {reference_budget}: {_pct(a['accuracy'])} with {a['gen_tokens']:.1f} generated tokens vs "
+        f"{_pct(b['accuracy'])} with {b['gen_tokens']:.1f}{evidence.text if evidence else ''}"
     )
+    if tie and 0 < saving < min_token_saving - EPS:
+        detail += (
+            f"; equal accuracy, {saving:.2f} fewer tokens per problem is under the {min_token_saving:g} asked"
+        )
     noisy = better and evidence is not None and not evidence.significant
     caveat = EQUAL_ACCURACY if tie_cheaper else (WITHIN_NOISE if noisy else "")
     return Claim("c", statement, HOLDS if better or tie_cheaper else FAILS, detail, caveat)
@@ -564,8 +586,13 @@ def check_claims(
     outcomes: Outcomes | None = None,
     resamples: int = 1000,
     min_correct: int = 5,
+    min_token_saving: float = 1.0,
 ) -> list[Claim]:
     """The four claims on one benchmark's rows; `roles` maps selfcest/base/prompted/rivals to method names.
+
+    A row without problems or without numbers (accuracy, generated or critical-path tokens NaN, as
+    `evaluation.summarize` gives for an empty cell) is left out, so that it counts as missing and
+    every claim's detail names it, instead of a NaN deciding comparisons by its place in the list.
 
     Verdicts compare point estimates, as the claims are stated; with per-problem `outcomes` (see
     `load_outcomes`) the details of (a) and (c) add the paired bootstrap interval of the gap
@@ -578,12 +605,28 @@ def check_claims(
         roles.get("prompted", "prompted"),
     )
     rivals = list(roles.get("rivals") or [])
-    return [
-        claim_beats_base(rows, selfcest, base, min_gain, outcomes, resamples),
-        claim_frontier(rows, selfcest, rivals, budgets),
-        claim_beats_prompted(rows, selfcest, prompted, reference_budget, outcomes, resamples),
-        claim_critical_path(rows, selfcest, base, min_correct),
+    usable = [r for r in rows if _has_numbers(r)]
+    left_out = [f"{r['method']} at {int(r['budget'])}" for r in rows if not _has_numbers(r)]
+    claims = [
+        claim_beats_base(usable, selfcest, base, min_gain, outcomes, resamples),
+        claim_frontier(usable, selfcest, rivals, budgets),
+        claim_beats_prompted(
+            usable, selfcest, prompted, reference_budget, outcomes, resamples, min_token_saving
+        ),
+        claim_critical_path(usable, selfcest, base, min_correct),
     ]
+    if left_out:
+        note = f". Left out (no problems or no numbers): {', '.join(left_out)}"
+        claims = [dataclasses.replace(c, detail=c.detail + note) for c in claims]
+    return claims
+
+
+def _has_numbers(row: Mapping[str, Any]) -> bool:
+    values = [row.get("n"), row.get("accuracy"), row.get("gen_tokens"), row.get("critical_tokens")]
+    if any(v is None or v == "" for v in values):
+        return False
+    numbers = [float(v) for v in values]
+    return numbers[0] > 0 and not any(math.isnan(v) for v in numbers)
 
 
 # --------------------------------------------------------------------------- writers
@@ -631,8 +674,10 @@ def build_metrics(
 ) -> dict[str, Any]:
     """Compact metrics for `dvc metrics diff`: per benchmark, its reference budget and frontier range
     (and its guessing floor where `floors` has one), and per method the accuracy at the reference
-    budget and the frontier area (generated tokens); per claim benchmark, 1 or 0 per checked claim
-    (unchecked claims are left out)."""
+    budget and the frontier areas over generated and over critical-path tokens (`auc`,
+    `auc_critical`: claim (d)'s cost); per claim benchmark, 1 or 0 per checked claim (unchecked
+    claims are left out) and, for a claim that holds, `<key>_weak` 1 when its verdict carries a
+    caveat (`gap within noise`, ...), so that a diff shows a claim weakening as well as failing."""
     out: dict[str, Any] = {"benchmarks": {}}
     for name in sweep.benchmarks():
         rows = sweep.for_benchmark(name)
@@ -645,14 +690,23 @@ def build_metrics(
         if floors and name in floors:
             entry["type_guess_floor"] = round(floors[name], 6)
         for method in dict.fromkeys(r["method"] for r in rows):
-            values = {"auc": round(frontier_auc(method_points(rows, method), setting.auc_max_tokens), 6)}
+            values = {
+                "auc": round(frontier_auc(method_points(rows, method), setting.auc_max_tokens), 6),
+                "auc_critical": round(
+                    frontier_auc(method_points(rows, method, "critical_tokens"), setting.auc_max_tokens), 6
+                ),
+            }
             at_ref = _by_budget(rows, method).get(setting.reference_budget)
             if at_ref is not None:
                 values["accuracy"] = round(at_ref["accuracy"], 6)
             entry["methods"][method] = values
         out["benchmarks"][name] = entry
     out["claims"] = {
-        name: {c.key: int(c.holds) for c in items if c.holds is not None} for name, items in claims.items()
+        name: {
+            **{c.key: int(c.holds) for c in items if c.holds is not None},
+            **{f"{c.key}_weak": int(bool(c.caveat)) for c in items if c.holds},
+        }
+        for name, items in claims.items()
     }
     return out
 
@@ -831,7 +885,8 @@ def summary_markdown(
             f"p >= {SIGNIFICANCE}: the gap is not distinguishable from noise at this number of problems),",
             f"`{BELOW_MARGIN}` ((a): significant, but the interval reaches below the margin), `{TIES_ONLY}`",
             f"((b): never above the best rival, only level with it), `{EQUAL_ACCURACY}` ((c): the same",
-            f"accuracy as prompted, fewer tokens), `{AT_FLOOR}` ((d): base's accuracy level rests on fewer",
+            "accuracy as prompted, at least `eval.report.claim_min_token_saving` fewer generated tokens",
+            f"per problem), `{AT_FLOOR}` ((d): base's accuracy level rests on fewer",
             "right answers than `eval.report.claim_min_correct`). Accuracy intervals in the tables are",
             "Wilson 95% intervals (`wilson_low`/`wilson_high` in `sweep.csv`, beside the bootstrap's",
             "`ci_low`/`ci_high`, which has zero width when every problem is right or every one wrong).",
