@@ -57,6 +57,27 @@ def test_release_shared_context_and_string_objectives() -> None:
     assert [o.context for o in parsed.calls[0].objectives] == [["k"], ["k"]]
 
 
+def test_a_context_key_given_twice_is_handed_once() -> None:
+    """`first half` twice is still one half: the runtime treats a clone holding exactly one half key
+    as holding that half, which it may halve again."""
+    text = call([{"task": "sum", "context": ["first half", "first half"]}], shared_context=["k", "k"])
+    [tool_call] = parse_tool_calls(text, max_calls=1, max_objectives=8).calls
+    assert tool_call.objectives[0].context == ["k", "first half"]
+
+
+def test_an_unusable_objective_keeps_its_place_and_a_call_of_only_those_is_dropped() -> None:
+    parsed = parse_tool_calls(call([{"task": ""}, 7, {"task": "q"}]), max_calls=1, max_objectives=8)
+    [tool_call] = parsed.calls
+    assert [(o.task, o.invalid) for o in tool_call.objectives] == [
+        ("", "no task"),
+        ("", "not an object but int"),
+        ("q", None),
+    ]
+    assert [e.kind for e in parsed.errors] == ["invalid_objective", "invalid_objective"]
+    parsed = parse_tool_calls(call([{"task": " "}]), max_calls=1, max_objectives=8)
+    assert parsed.calls == [] and [e.kind for e in parsed.errors] == ["invalid_objective", "no_objectives"]
+
+
 def test_limits_and_bad_fields_become_protocol_errors() -> None:
     text = call([{"task": str(i)} for i in range(12)]) * 3 + call(
         [{"task": "x", "max_tokens": -4, "context": ["nope"]}]

@@ -42,6 +42,10 @@ class Objective:
     task: str
     context: list[str] = field(default_factory=list)
     max_tokens: int | None = None
+    invalid: str | None = None
+    """Why the objective at this place of the call was unusable (no task, not an object), or None. It
+    keeps its place so that the clones after it keep the numbers the root gave them: the runtime
+    starts no clone for it and answers its line `failed (invalid objective: ...)`."""
 
 
 @dataclass
@@ -121,7 +125,7 @@ def _parse_into(
                 if unknown:
                     result.errors.append(ProtocolError("unknown_context_key", ", ".join(unknown)[:200]))
                     objective.context = [key for key in objective.context if key in known]
-        if call.objectives:
+        if any(objective.invalid is None for objective in call.objectives):
             result.calls.append(call)
         else:
             result.errors.append(ProtocolError("no_objectives", "call has no usable objective"))
@@ -189,10 +193,12 @@ def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[
             item = {"task": item}
         if not isinstance(item, dict):
             errors.append(ProtocolError("invalid_objective", f"objective {index} is {type(item).__name__}"))
+            objectives.append(Objective(task="", invalid=f"not an object but {type(item).__name__}"))
             continue
         task = item.get("task", item.get("objective"))
         if not isinstance(task, str | int | float) or not str(task).strip():
             errors.append(ProtocolError("invalid_objective", f"objective {index} has no task"))
+            objectives.append(Objective(task="", invalid="no task"))
             continue
         max_tokens = item.get("max_tokens")
         if max_tokens is not None:
@@ -206,7 +212,7 @@ def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[
         if max_tokens is not None and max_tokens < 1:
             errors.append(ProtocolError("invalid_max_tokens", f"objective {index}: {max_tokens}"))
             max_tokens = None
-        context = shared + [key for key in _string_list(item.get("context")) if key not in shared]
+        context = list(dict.fromkeys(shared + _string_list(item.get("context"))))  # each key once
         objectives.append(
             Objective(task=str(task).strip()[:MAX_TASK_CHARS], context=context, max_tokens=max_tokens)
         )

@@ -188,6 +188,8 @@ class _State:
     """Per agent, the documents it may hand its clones by key."""
     halves: bool = False
     """Whether the episode's agents hand halves of their sums (`RuntimeConfig.expression_halves`)."""
+    invalid_objectives: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    """Per waiting agent, the (place, reason) of the unusable objectives of its last spawn turn."""
 
 
 class Runtime:
@@ -199,6 +201,8 @@ class Runtime:
         self.config = config
         # The template's end-of-turn marker is one of these; longest first so no marker is cut short.
         self._special_tokens_longest_first = sorted(self.tokenizer.all_special_tokens, key=len, reverse=True)
+        # Strings the tokenizer encodes as its added (control) tokens: <|im_end|>, <tool_call>, ...
+        self._control_strings = sorted(self.tokenizer.get_added_vocab(), key=len, reverse=True)
 
     # ------------------------------------------------------------------ public
     def run(
@@ -288,9 +292,18 @@ class Runtime:
         for state in states:
             for index in state.ready:
                 grant = self._grant(state, index)
-                if grant < 1 or (
-                    state.episode.agents[index].role == "clone" and grant < self.config.min_clone_tokens
-                ):
+                agent = state.episode.agents[index]
+                if grant < 1 or (agent.role == "clone" and grant < self.config.min_clone_tokens):
+                    if agent.max_tokens - agent.generated_tokens <= grant:
+                        # Its own cap is spent (a clone that spawned and has too little left to add
+                        # its clones' answers), not the episode's budget.
+                        self._finish(
+                            state,
+                            index,
+                            status="truncated",
+                            failure="hit its token limit before its next turn",
+                        )
+                        continue
                     self._finish(state, index, status="budget_exhausted", failure="token budget exhausted")
                     state.episode.budget_exhausted = True
                     continue
@@ -314,6 +327,9 @@ class Runtime:
         results = self.engine.generate(requests, round_sampling)
         for (state, index, grant), result in zip(batch, results, strict=True):
             tokens = result.token_ids[:grant]  # an engine may never hand back more than it was granted
+            # A result cut here ended at the grant, whatever the engine said: an answer cut with it is
+            # a truncated one (`_finish`), not a finished one.
+            finish_reason = "length" if len(result.token_ids) > grant else result.finish_reason
             state.remaining += grant - len(tokens)
             agent = state.episode.agents[index]
             agent.token_ids.extend(tokens)
@@ -323,21 +339,40 @@ class Runtime:
                 agent.logprobs = (agent.logprobs or []) + list(result.logprobs or [])[: len(tokens)]
             agent.generated_tokens += len(tokens)
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            agent.turns.append(TurnRecord(text, len(tokens), grant, result.finish_reason))
+            agent.turns.append(TurnRecord(text, len(tokens), grant, finish_reason))
             # The history keeps what the model saw, special tokens generated mid-turn included (the
             # parser reads `text`): the template must re-render it verbatim before the tool message.
             # Only the stop token that ended the turn is left out, since the template closes the turn
             # with its own marker, which need not be the token sampled (Qwen3 stops on <|im_end|> and
             # on <|endoftext|>; its template always writes <|im_end|>).
-            ended_by_special = self._ended_by_special(tokens, result.finish_reason)
+            ended_by_special = self._ended_by_special(tokens, finish_reason)
             content = self.tokenizer.decode(
                 tokens[:-1] if ended_by_special else tokens, skip_special_tokens=False
             )
             state.rendered[index] += content
-            self._after_turn(state, index, text, result.finish_reason, content)
+            self._after_turn(state, index, text, finish_reason, content)
         for state in states:
             self._resume_waiting(state)
         return any(state.ready for state in states)
+
+    def _inert(self, text: str | None) -> str | None:
+        """Model text bound for another agent's prompt (a clone's answer or failure for its parent, a
+        root's task for its clone), without the strings its tokenizer encodes as control tokens.
+
+        A model can spell `<|im_end|>` or `<tool_call>` with ordinary tokens; the prompt it lands in is
+        encoded as one text, which would turn the spelling into the real token and let one agent end
+        or fake a turn in another's context. Removal repeats until nothing is left to remove, since
+        removing one marker can join the pieces of another (bounded: each pass shortens the text)."""
+        if text is None:
+            return None
+        for _ in range(len(text) + 1):
+            cleaned = text
+            for marker in self._control_strings:
+                cleaned = cleaned.replace(marker, "")
+            if cleaned == text:
+                break
+            text = cleaned
+        return text
 
     def _ended_by_special(self, tokens: Sequence[int], finish_reason: str | None) -> bool:
         """Whether a turn's generated `tokens` end on the special stop token that ended the turn."""
@@ -378,11 +413,19 @@ class Runtime:
                         detail = f"objective {position}: {objective.max_tokens} < {config.min_clone_tokens}"
                         self._record_errors(state, agent, [ProtocolError("invalid_max_tokens", detail)])
                         objective.max_tokens = None
+                # Clones are numbered by their objective's place among all the turn's objectives,
+                # unusable ones included, so `turn{t}_clone{i}` is the i-th objective the root wrote.
                 spawned = [
                     self._spawn(
                         state, index, position, objective.task, objective.context, objective.max_tokens
                     )
                     for position, objective in enumerate(objectives)
+                    if objective.invalid is None
+                ]
+                state.invalid_objectives[index] = [
+                    (position, objective.invalid)
+                    for position, objective in enumerate(objectives)
+                    if objective.invalid is not None
                 ]
                 agent.children.append(spawned)
                 agent.status = "waiting"
@@ -418,7 +461,7 @@ class Runtime:
         state.messages.append(
             [
                 {"role": "system", "content": config.clone_system_prompt},
-                {"role": "user", "content": clone_user_message(task, documents)},
+                {"role": "user", "content": clone_user_message(self._inert(task), documents)},
             ]
         )
         state.rendered.append("")
@@ -474,10 +517,16 @@ class Runtime:
             children = agent.children[-1]
             if any(state.episode.agents[c].status in ("running", "waiting") for c in children):
                 continue
-            outcomes = [
-                CloneOutcome(state.episode.agents[c].answer, state.episode.agents[c].failure)
-                for c in children
-            ]
+            # The clones and the unusable objectives fill the turn's places 0..n-1 between them.
+            spawned = iter(children)
+            invalid = dict(state.invalid_objectives.pop(index, []))
+            outcomes = []
+            for place in range(len(children) + len(invalid)):
+                if place in invalid:
+                    outcomes.append(CloneOutcome(None, f"invalid objective: {invalid[place]}"))
+                    continue
+                clone = state.episode.agents[next(spawned)]
+                outcomes.append(CloneOutcome(self._inert(clone.answer), self._inert(clone.failure)))
             message = format_tool_response(
                 len(agent.turns),
                 outcomes,
