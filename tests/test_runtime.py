@@ -613,6 +613,35 @@ def test_model_text_cannot_put_control_tokens_into_another_agents_prompt(tiny_to
     assert call_id not in clone_prompt and "add  this" in tiny_tokenizer.decode(clone_prompt)
 
 
+def test_a_clone_answer_of_only_control_markup_is_no_answer(tiny_tokenizer) -> None:
+    """A clone whose answer is nothing but a control-token string (`</tool_call>`, spelled with
+    ordinary tokens) has no answer its parent can read: it fails, and its parent is told so, instead
+    of reading an empty answer."""
+    spelled = tiny_tokenizer.encode("Answer: </tool", add_special_tokens=False) + tiny_tokenizer.encode(
+        "_call>", add_special_tokens=False
+    )
+
+    class MarkupClones(ScriptedEngine):
+        def generate(self, requests, sampling):  # noqa: ANN001, ANN202
+            results = super().generate(requests, sampling)
+            for request, result in zip(requests, results, strict=True):
+                if CLONE_SYSTEM_PROMPT in tiny_tokenizer.decode(request.prompt_ids):
+                    result.token_ids = [*spelled, self.end_id]
+                    result.finish_reason = "stop"
+            return results
+
+    def policy(prompt: str) -> str:
+        if "<tool_response>" in last_user(prompt):
+            return "Answer: 7"
+        return spawn([{"task": "add"}])
+
+    [episode] = Runtime(MarkupClones(tiny_tokenizer, policy), RuntimeConfig()).run([Task("t", "Do it.")])
+    clone, root = episode.agents[1], episode.root
+    assert (clone.status, clone.answer) == ("no_answer", None)
+    message = tiny_tokenizer.decode(root.token_ids).split("<tool_response>")[1].split("</tool_response>")[0]
+    assert message.strip() == "turn1_clone0: failed (its answer was only control markup)"
+
+
 def test_an_engine_result_longer_than_its_grant_is_cut_and_counts_as_truncated(tiny_tokenizer) -> None:
     from selfcest.engine import GenerationResult
 

@@ -492,6 +492,10 @@ class Runtime:
             elif answer is not None and finish_reason == "length" and _answer_line_open(last_text):
                 # The token limit cut the answer's line: "Answer: 1" of a 10 is not an answer.
                 status, failure = "truncated", "hit its token limit while writing its answer"
+            elif answer is not None and index != 0 and not (self._inert(answer) or "").strip():
+                # Its parent would read an empty answer (`_inert` removes control-token strings), as if
+                # the clone had answered "": it gave no answer its parent can read.
+                status, failure = "no_answer", "its answer was only control markup"
             elif answer is not None:
                 status = "ok"
             elif finish_reason == "length":
