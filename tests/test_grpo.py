@@ -27,6 +27,7 @@ from selfcest.runtime import AgentRecord, Episode, RuntimeConfig
 def clone(status: str, generated: int = 10, answer: str | None = "1") -> AgentRecord:
     agent = AgentRecord("root/turn1_clone0", "clone", 1, "root", 1, "t", [], None, 16)
     agent.status, agent.generated_tokens, agent.answer = status, generated, answer  # type: ignore[assignment]
+    agent.critical_path_tokens = generated  # a clone without clones of its own
     return agent
 
 
@@ -38,7 +39,7 @@ def test_length_penalty_matches_the_release_formula() -> None:
 
 def test_episode_reward_terms() -> None:
     root = AgentRecord("root", "root", 0, None, None, "q", [], None, 1000)
-    root.generated_tokens, root.children = 600, [[1, 2], [3]]
+    root.generated_tokens, root.children, root.tool_calls = 600, [[1, 2], [3]], 3
     clones = [clone("ok", 700), clone("ok", 100), clone("ok", 300)]
     episode = Episode("t", 0, "delegate", 2000, [root, *clones], num_tool_calls=3, repairs=1)
     r = episode_reward(episode, 1.0, RewardConfig())
@@ -56,6 +57,34 @@ def test_episode_reward_terms() -> None:
         Episode("t", 0, "delegate", 2000, [root, *slow], num_tool_calls=3), 1.0, RewardConfig()
     )
     assert both.clone_penalty == pytest.approx(length_penalty(900, 512, 512, 0.2))
+
+
+def test_a_nested_tree_is_charged_for_its_critical_path_not_for_its_clones_calls(tiny_tokenizer) -> None:
+    """With halving clones (depth > 1) the clone term reads each clone's subtree critical path, and
+    the call penalty counts the root's calls: the same leaf work costs the same whether the root
+    halves once into four clones or twice through two."""
+    from scripted_policies import halving_policy
+
+    from selfcest.prompts import arithmetic_question
+    from selfcest.runtime import Runtime, Task
+    from selfcest.scripted import ScriptedEngine
+
+    terms = [3, -4, 5, 1, -2, 6, 7, -8, 9, 1, 2, -3, 4, 5, -6, 7, 8, -9, 1, 2]  # 20 -> 10 -> 5
+    expr = "3" + "".join(f"{t:+d}" for t in terms[1:])
+    config = RuntimeConfig(expression_halves=True, expression_max_depth=3, episode_token_budget=1024)
+    [episode] = Runtime(ScriptedEngine(tiny_tokenizer, halving_policy), config).run(
+        [Task("long", arithmetic_question(expr))]
+    )
+    assert (episode.num_tool_calls, episode.root.tool_calls) == (3, 1)
+    [spawned] = episode.root.children
+    halving = [episode.agents[i] for i in spawned]
+    assert all(a.children for a in halving)  # each depth-1 clone halved its ten terms again
+    slowest = max(a.critical_path_tokens for a in halving)
+    assert slowest > max(a.generated_tokens for a in halving)  # its sub-clones' tokens count
+    constants = RewardConfig(clone_threshold=0, clone_scale=64.0, call_penalty_free=0.0)
+    reward = episode_reward(episode, 1.0, constants)
+    assert reward.clone_penalty == pytest.approx(length_penalty(slowest, 0, 64.0, 0.2))
+    assert reward.call_penalty == pytest.approx(0.1)  # one call, the root's
 
 
 def test_gates() -> None:

@@ -2,10 +2,17 @@
 
 pen(n; T, R, M) = 0 if n <= T else M * (1 - exp(-(n - T) / R))
 root_pen  = pen(root generated tokens; T_root, R_root, M_root)
-clone_pen = max over spawn turns of pen(largest clone's generated tokens in that turn; T_c, R_c, M_c)
-call_pen  = max(0, per_call * calls - free)
+clone_pen = max over spawn turns of pen(largest clone's critical path in that turn; T_c, R_c, M_c)
+call_pen  = max(0, per_call * root's calls - free)
 R = acc - root_pen - clone_pen - call_pen - repair * repaired_calls          (arithmetic, QA)
 R = max(0, acc - min(root_pen + clone_pen, cap)) - repair * repaired_calls    (math)
+
+The release's clones have no tools (depth 1), so there a clone's critical path is its own generated
+tokens and every call is the root's. Deeper trees (`runtime.max_depth` > 1, the default profile's
+halving clones) keep both terms' meaning: a clone's cost is its subtree's critical path (a clone that
+halves its sum is charged for its slowest sub-clone, not only for its own turns), and the call
+penalty counts the root's calls only, since a clone's calls are work inside its subtree, already
+in its critical path. Counting every agent's calls instead charged a nested tree for its width.
 """
 
 from __future__ import annotations
@@ -55,9 +62,11 @@ def length_penalty(n: int, threshold: int, scale: float, maximum: float) -> floa
 
 
 def clone_critical_tokens(episode: Episode) -> list[int]:
-    """Per root spawn turn, the largest clone's generated tokens (the release's critical-path-like term)."""
+    """Per root spawn turn, the slowest clone's critical path: its own generated tokens plus, when it
+    spawned clones itself, its slowest sub-clone's per spawn turn (the release's critical-path-like
+    term, where clones have no tools and this is their generated tokens)."""
     return [
-        max((episode.agents[i].generated_tokens for i in spawned), default=0)
+        max((episode.agents[i].critical_path_tokens for i in spawned), default=0)
         for spawned in episode.root.children
     ]
 
@@ -73,7 +82,7 @@ def episode_reward(episode: Episode, accuracy: float, config: RewardConfig) -> R
         ),
         default=0.0,
     )
-    call_pen = max(0.0, config.call_penalty_per_call * episode.num_tool_calls - config.call_penalty_free)
+    call_pen = max(0.0, config.call_penalty_per_call * episode.root.tool_calls - config.call_penalty_free)
     repair_pen = config.repair_penalty * episode.repairs
     if config.math_style:
         total = max(0.0, accuracy - min(root_pen + clone_pen, config.math_cost_cap)) - repair_pen

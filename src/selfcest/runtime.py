@@ -133,6 +133,8 @@ class AgentRecord:
     failure: str | None = None
     children: list[list[int]] = field(default_factory=list)
     """Per spawn turn, the indices (into the episode's agents) of the clones spawned."""
+    tool_calls: int = 0
+    """Spawn calls this agent made (the episode's `num_tool_calls` counts every agent's)."""
 
 
 @dataclass
@@ -405,6 +407,7 @@ class Runtime:
                 )
             elif parsed.calls:
                 state.episode.num_tool_calls += len(parsed.calls)
+                agent.tool_calls += len(parsed.calls)
                 objectives = [objective for call in parsed.calls for objective in call.objectives]
                 for position, objective in enumerate(objectives):
                     # A clone is never started with fewer tokens than this; asking for fewer is a bad
