@@ -25,6 +25,7 @@ from selfcest.evaluation import (
     ProblemResult,
     answer_key,
     bootstrap_ci,
+    episode_answer_text,
     evaluate_cell,
     load_problems,
     majority_vote,
@@ -38,7 +39,7 @@ from selfcest.evaluation import (
 )
 from selfcest.prompts import CLONE_SYSTEM_PROMPT, THINKING_SYSTEM_PROMPT
 from selfcest.reports import method_applies
-from selfcest.runtime import Episode, RuntimeConfig
+from selfcest.runtime import AgentRecord, Episode, RuntimeConfig
 from selfcest.scripted import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,6 +146,13 @@ def test_answer_keys_group_equivalent_answers() -> None:
     assert answer_key("math", None, r"\boxed{4²}") == "4²"
 
 
+def math_root_episode(text: str, sample_index: int = 0, status: str = "no_answer") -> Episode:
+    """A monolithic math episode whose root ended its turn with `text` (no `Answer:` marker: `no_answer`)."""
+    root = AgentRecord("root", "root", 0, None, None, "q", [], None, 64)
+    root.status = status  # type: ignore[assignment]
+    return Episode("p", sample_index, "monolithic", 64, [root], final_text=text)
+
+
 def test_math_votes_count_equivalent_spellings_as_one_answer() -> None:
     """Three samples say 1/2 in three spellings, two say 3: 1/2 wins, as the scorer would count it."""
     texts = [
@@ -155,10 +163,7 @@ def test_math_votes_count_equivalent_spellings_as_one_answer() -> None:
         r"\boxed{\tfrac12}",
         "no box",
     ]
-    group = [
-        Episode(task_id="p", sample_index=i, mode="monolithic", budget=64, agents=[], final_text=text)
-        for i, text in enumerate(texts)
-    ]
+    group = [math_root_episode(text, i) for i, text in enumerate(texts)]
     keys = vote_keys("math", group)
     assert keys[0] == keys[2] == keys[4] != keys[1] == keys[3] and keys[5] is None
     winner = majority_vote(keys)
@@ -298,6 +303,31 @@ def test_methods_on_real_arithmetic_records(tiny_tokenizer) -> None:
         assert all(r.generated_tokens <= 3 and r.correct == 0.0 for r in tight)
     tiny, _ = evaluator.run(sc, problems, 3)  # 3 // 4 = 0 tokens per sample: not even started
     assert all(r.generated_tokens == 0 and r.extra.get("skipped") for r in tiny)
+
+
+def test_math_reads_only_an_answer_the_root_finished(tiny_tokenizer) -> None:
+    """On math as on arithmetic, an answer line cut by the token limit ("Answer: 20" of 204) is no
+    answer, nor is a box inside a tool call; an answer with a closing full stop or bold is one."""
+    reply = "So the total is Answer: 204"
+    ids = tiny_tokenizer.encode(reply, add_special_tokens=False)
+    cut = next(
+        n for n in range(1, len(ids)) if tiny_tokenizer.decode(ids[:n]).rstrip().endswith("Answer: 20")
+    )
+    for dataset, question in (("math", "What is 10+10?"), ("arithmetic", "Calculate the value of 10+10.")):
+        evaluator = Evaluator(ScriptedEngine(tiny_tokenizer, lambda prompt: reply), RuntimeConfig(), seed=0)
+        [result], _ = evaluator.run(MethodSpec("base"), [Problem("p", dataset, question, ["20"])], cut)
+        assert result.episodes[0].root.status == "truncated" and result.correct == 0.0, dataset
+    boxed_call = math_root_episode(
+        '<tool_call>\n{"name": "spawn_clone", "arguments": {"objectives": [{"task": "is \\boxed{7} right"}]}}\n</tool_call>'
+    )
+    assert score_answer(Problem("p", "math", "q", ["7"]), None, episode_answer_text(boxed_call))[0] == 0.0
+    for reply in ("Answer: 204.", "Answer: **204**", "Answer: $204$.", "\\boxed{} so Answer: 204."):
+        evaluator = Evaluator(
+            ScriptedEngine(tiny_tokenizer, lambda prompt, r=reply: r), RuntimeConfig(), seed=0
+        )
+        [result], _ = evaluator.run(MethodSpec("base"), [Problem("p", "math", "What is 200+4?", ["204"])], 64)
+        assert result.correct == 1.0, reply
+    assert answer_key("math", "204.") == answer_key("math", "204") == "204"
 
 
 def test_avg_at_k_averages_attempts(tiny_tokenizer) -> None:

@@ -243,6 +243,12 @@ def test_math_hard_answers_verify_and_perturbations_do_not() -> None:
         ("the answer is 5", "5", False),  # neither a box nor an Answer: marker
         (None, "5", False),
         ("\\boxed{}", "5", False),
+        ("\\boxed{} Answer: 5", "5", True),  # an empty box is no answer: the Answer: line is read
+        ("Answer: 204.", "204", True),  # the sentence's full stop is not part of the answer
+        ("Answer: 3.5.", "3.5", True),
+        ("Answer: **204**.", "204", True),
+        ("Answer: \\sqrt{2}.", "\\sqrt{2}", True),
+        ("Answer: 3!", "3", False),  # a factorial keeps its "!"
         ("\\boxed{" + "1+" * 600 + "1}", "601", False),  # over MAX_MATH_ANSWER_CHARS: not parsed
     ],
 )

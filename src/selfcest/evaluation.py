@@ -40,8 +40,15 @@ from typing import Any, Literal
 from selfcest.data.qa import record_documents
 from selfcest.engine import EngineStats, GenerationEngine, SamplingConfig
 from selfcest.prompts import ANSWER_MARKER, THINKING_SYSTEM_PROMPT, qa_monolithic_question
+from selfcest.protocol import strip_tool_calls
 from selfcest.runtime import Episode, Runtime, RuntimeConfig, Task
-from selfcest.scoring import last_boxed, math_equivalent, normalize_answer, parse_last_integer
+from selfcest.scoring import (
+    last_boxed,
+    math_equivalent,
+    math_final_answer,
+    normalize_answer,
+    parse_last_integer,
+)
 from selfcest.stats import bootstrap_ci
 from selfcest.tasks import qa_task, score_final_answer
 
@@ -175,8 +182,15 @@ class MethodSpec:
 
 # --------------------------------------------------------------------------- scoring and voting
 def episode_answer_text(episode: Episode) -> str:
-    """What the root finally said: its last turn (for `\\boxed{}`), or its extracted answer."""
-    return episode.final_text or (f"{ANSWER_MARKER} {episode.final_answer}" if episode.final_answer else "")
+    """What the root finally said, for math's `\\boxed{}`: its last turn without tool calls when that
+    turn ended of itself (with an answer or without one), else its extracted answer, which is None
+    for a root cut by a token limit or failed: a cut line ("Answer: 20" of 204) or a box inside a
+    refused tool call is no answer on math either, as on arithmetic and QA."""
+    if episode.root.status in ("ok", "no_answer"):
+        text = strip_tool_calls(episode.final_text)
+        if last_boxed(text) or episode.final_answer is None:
+            return text
+    return f"{ANSWER_MARKER} {episode.final_answer}" if episode.final_answer else ""
 
 
 def score_answer(problem: Problem, answer: str | None, text: str = "") -> tuple[float, float | None]:
@@ -197,7 +211,7 @@ def answer_key(dataset: str, answer: str | None, text: str = "") -> Hashable | N
         return parse_last_integer(answer)
     if dataset == "qa":
         return (normalize_answer(answer) or None) if answer else None
-    content = last_boxed(text) or answer
+    content = math_final_answer(text) or math_final_answer(f"{ANSWER_MARKER} {answer}" if answer else None)
     if not content:
         return None
     key = _MATH_NOISE.sub("", content)

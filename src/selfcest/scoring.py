@@ -225,17 +225,32 @@ def _parse_gold(gold_text: str, timeout: int | None) -> tuple[object, ...]:
     return tuple(parse(_as_boxed(gold_text), parsing_timeout=timeout))
 
 
+def math_final_answer(text: object) -> str | None:
+    """The answer a math prediction gives: the content of its last non-empty `\\boxed{}`, else the
+    line after its last `Answer:` without a sentence's closing punctuation or Markdown bold, since the
+    prompts ask for `Answer: <answer>.` and math-verify reads "204." as a string, not as 204."""
+    boxed = last_boxed(text)
+    if boxed is not None and boxed.strip():
+        return boxed.strip()
+    answer = extract_last_answer(text)
+    if answer is None:
+        return None
+    answer = answer.rstrip(" .;,")  # not "!": 5! is a factorial
+    if len(answer) > 4 and answer.startswith("**") and answer.endswith("**"):
+        answer = answer[2:-2].strip().rstrip(" .;,")
+    return answer or None
+
+
 def math_equivalent(pred_text: str | None, gold: str | int) -> bool:
     """Whether the prediction's final answer is mathematically equivalent to `gold` (math-verify).
 
-    The answer is the last `\\boxed{}` in `pred_text`, else the text after the last `Answer:`.
+    The answer is `math_final_answer(pred_text)`: the last non-empty `\\boxed{}`, else the text after
+    the last `Answer:`.
     `gold` is the reference answer (LaTeX without `$`, e.g. `\\frac{1}{8}` or "033"). Never raises.
     """
     from math_verify import parse, verify  # deferred: importing sympy takes about a second
 
-    answer = last_boxed(pred_text)
-    if answer is None:
-        answer = extract_last_answer(pred_text)
+    answer = math_final_answer(pred_text)
     gold_text = str(gold).strip()
     if not answer or not gold_text or len(answer) > MAX_MATH_ANSWER_CHARS:
         return False
