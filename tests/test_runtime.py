@@ -353,6 +353,17 @@ def test_micro_batches_draw_from_their_own_random_streams(tiny_model, tiny_token
     assert len(seeds) == 16 and micro_batch_seed(7, 0) == 7
 
 
+def test_vllm_request_seeds_of_consecutive_rounds_do_not_collide() -> None:
+    """The runtime seeds round r's call with seed + 1000 r; a round of 1,440 requests (48 roots x 30
+    clones) must not share a request's seed with the next round's (`seed + i` did: 1000 + j and j)."""
+    from selfcest.engine import request_seeds
+
+    rounds = [request_seeds(3 + 1000 * r, 1440) for r in range(3)]
+    assert len({seed for seeds in rounds for seed in seeds}) == 3 * 1440
+    assert all(0 <= seed < 2**63 for seeds in rounds for seed in seeds)
+    assert request_seeds(3, 4) == request_seeds(3, 4)
+
+
 def test_the_checkpoints_generation_config_does_not_leak_into_sampling(tiny_model, tiny_tokenizer) -> None:
     """Only `SamplingConfig` decides how tokens are drawn: a repetition penalty or n-gram ban saved
     in the checkpoint's generation config must not change greedy decoding (the argmax chain)."""

@@ -107,6 +107,15 @@ _GENERATION_DEFAULTS = {
 }
 
 
+def request_seeds(seed: int, count: int) -> list[int]:
+    """Per-request seeds of one vLLM call seeded with `seed` (vLLM seeds each request on its own).
+
+    Why not `seed + i`: the runtime seeds round r's call with `seed + 1000 r`, so with more than 1,000
+    requests in a round (the paper profile: 48 roots x 30 clones) request 1000 + j of round r drew
+    the same numbers as request j of round r + 1. Mixing the pair (`micro_batch_seed`) does not collide."""
+    return [micro_batch_seed(seed, i) for i in range(count)]
+
+
 def micro_batch_seed(seed: int, micro_batch: int) -> int:
     """The seed of micro-batch `micro_batch` of a call seeded with `seed`.
 
@@ -307,14 +316,14 @@ class VLLMEngine:
                 max_tokens=r.max_new_tokens,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
-                seed=sampling.seed + i,
+                seed=seed,
                 stop=list(r.stop_strings) or None,
                 include_stop_str_in_output=True,
                 stop_token_ids=self.stop_ids,
                 logprobs=0 if sampling.return_logprobs else None,
                 skip_special_tokens=True,
             )
-            for i, r in enumerate(requests)
+            for r, seed in zip(requests, request_seeds(sampling.seed, len(requests)), strict=True)
         ]
         prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
