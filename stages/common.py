@@ -49,8 +49,17 @@ def setup_logging() -> None:
 
 
 def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file; a line that is not JSON stops with its file and line number."""
+    records = []
     with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except ValueError as exc:
+                raise ValueError(f"{path}, line {lineno}: not a JSON record: {exc}") from exc
+    return records
 
 
 def resolve_source(path: str, params_key: str) -> str:

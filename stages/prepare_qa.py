@@ -31,6 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from selfcest.data.qa import (  # noqa: E402
+    QADataError,
     QARecord,
     Quarantined,
     canonical_jsonl,
@@ -117,6 +118,11 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
         for src in real.get("sources") or []:
             groups.setdefault(src["name"], []).append(src)
         for split_name, sources in groups.items():
+            if split_name in splits:
+                raise ValueError(
+                    f"qa.real.sources: name {split_name!r} is also a synthetic split; the real records "
+                    "would replace the synthetic ones. Give the source another name."
+                )
             records: list[QARecord] = []
             files: list[str] = []
             indices: list[int] = []
@@ -149,6 +155,8 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
                     records.append(rec)
                     files.append(path)
                     indices.append(index)
+            if not records and not prior:
+                raise QADataError(", ".join(per_file), f"no records for QA split {split_name!r}")
             result = validate_records(
                 records,
                 limits,
@@ -158,13 +166,18 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
                 indices=indices,
             )
             splits[split_name] = result.kept
+            for q in result.quarantined:  # the expectations' quarantines carry the record's own split
+                q.split = split_name
             quarantined += result.quarantined
             merge_expectations(split_name, result.report)
             q_by_file = Counter(q.file for q in result.quarantined)
             kept_ids = {id(r) for r in result.kept}  # identity: kept holds the same objects
             kept_by_file = Counter(f for f, r in zip(files, records, strict=True) if id(r) in kept_ids)
+            names = Counter(Path(path).name for path in per_file)
             for path, stats in per_file.items():
-                metrics["sources"][f"{split_name}/{Path(path).name}"] = {
+                # The file's name, or its whole path where two of the split's files share a name.
+                name = Path(path).name if names[Path(path).name] == 1 else path
+                metrics["sources"][f"{split_name}/{name}"] = {
                     "kept": kept_by_file[path],
                     "quarantined": q_by_file[path],
                     "duplicates_merged": stats["duplicates_merged"],
@@ -284,6 +297,9 @@ def main(argv: list[str] | None = None) -> None:
     datasets.disable_progress_bars()
     started = time.perf_counter()
     splits, quarantined, metrics = build(load_params(args.params))
+    empty = [name for name, records in splits.items() if not records]
+    if empty:  # before the old outputs are removed: datasets cannot store an empty split
+        raise ValueError(f"QA splits with no records left after validation: {', '.join(empty)}")
 
     # Start from an empty directory so a split dropped from the params leaves no stale files.
     if args.out.exists():

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import random
 import re
+import sys
 from copy import deepcopy
 from pathlib import Path
 from typing import Any
@@ -461,6 +462,32 @@ def test_stage_paper_profile_without_ood(tmp_path: Path) -> None:
     assert (loaded["train"].num_rows, loaded["test"].num_rows) == (45, 5)
     assert json.loads((tmp_path / "card.json").read_text())["splits"]["ood"]["count"] == 0
     assert (out / "ood.jsonl").read_text() == ""
+
+
+def test_stage_without_a_profile_uses_the_librarys_default(tmp_path: Path) -> None:
+    """The library reads a missing `profile` as `tiny`; the stage (its card, its README) must too."""
+    from omegaconf import OmegaConf
+
+    params = _small_params()
+    del params["profile"]
+    params_file = tmp_path / "params.yaml"
+    OmegaConf.save(OmegaConf.create({"arithmetic": params}), params_file)
+    card = tmp_path / "card.json"
+    _run_stage(["--params", str(params_file), "--out", str(tmp_path / "data"), "--card", str(card)])
+    assert json.loads(card.read_text())["profile"] == "tiny"
+    assert "(profile `tiny`" in (tmp_path / "data" / "README.md").read_text()
+
+
+def test_read_jsonl_names_the_file_and_line_of_a_broken_record(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO))
+    from stages.common import read_jsonl
+
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"a": 1}\n\n{"a": \n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train\.jsonl, line 3: not a JSON record"):
+        read_jsonl(path)
+    path.write_text('{"a": 1}\n\n{"a": 2}\n', encoding="utf-8")
+    assert read_jsonl(path) == [{"a": 1}, {"a": 2}]
 
 
 def test_test_split_has_the_tiers_operator_mix_when_rare_shapes_run_out() -> None:

@@ -14,6 +14,7 @@ from benchmark_paths import BENCHMARKS as BENCH
 from selfcest.data.qa import (
     NAMES,
     QADataError,
+    canonical_jsonl,
     generate_synthetic,
     load_2wiki,
     load_musique,
@@ -21,6 +22,7 @@ from selfcest.data.qa import (
     record_documents,
     records_sha256,
     slugify,
+    storage_options_for,
     type_guess_accuracy,
 )
 
@@ -181,6 +183,67 @@ def test_missing_file_and_wrong_top_level(tmp_path: Path) -> None:
     path = _write(tmp_path / "obj.json", [1, {"_id": "x"}])
     res = load_2wiki(str(path))
     assert len(res.quarantined) == 2 and "expected an object, got int" in res.quarantined[0].reasons[0]
+
+
+def test_json_python_cannot_hold_raises_naming_file_and_line(tmp_path: Path) -> None:
+    """An integer past Python's digit limit or nesting past its recursion limit is a file error that
+    names the file (and the line of a JSON-lines file), not a bare ValueError or RecursionError."""
+    huge = "1" * 5000
+    (tmp_path / "huge.json").write_text(f'[{{"_id": {huge}}}]', encoding="utf-8")
+    with pytest.raises(QADataError, match=r"huge\.json: unreadable JSON: ValueError"):
+        load_2wiki(str(tmp_path / "huge.json"))
+    (tmp_path / "huge.jsonl").write_text(f'{{"id": "a"}}\n{{"id": {huge}}}\n', encoding="utf-8")
+    with pytest.raises(QADataError, match=r"huge\.jsonl: unreadable JSON on line 2: ValueError"):
+        load_musique(str(tmp_path / "huge.jsonl"))
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(QADataError, match=r"deep\.json: unreadable JSON: RecursionError"):
+        load_2wiki(str(tmp_path / "deep.json"))
+
+
+def test_an_escaped_lone_surrogate_is_quarantined_and_stays_writable(tmp_path: Path) -> None:
+    """`"\\ud800"` is valid JSON in a valid UTF-8 file but no string UTF-8 can write: the record is
+    quarantined naming its field, and its quarantine entry keeps the escape as text."""
+    text = WIKI.read_text(encoding="utf-8")
+    data = json.loads(text)
+    question = data[2]["question"]
+    raw = text.replace(json.dumps(question)[1:-1], json.dumps(question)[1:-1] + "\\ud800", 1)
+    path = tmp_path / "wiki.json"
+    path.write_text(raw, encoding="utf-8")
+    result = load_2wiki(str(path))
+    assert len(result.records) == 9 and [q.index for q in result.quarantined] == [2]
+    assert (
+        "field 'question'" in result.quarantined[0].reasons[0]
+        and "surrogate" in result.quarantined[0].reasons[0]
+    )
+    written = canonical_jsonl([result.quarantined[0].to_dict()]).encode("utf-8")
+    assert b"\\ud800" in written
+
+
+def test_an_impossible_synthetic_setting_raises_instead_of_looping() -> None:
+    """18 paragraphs need 18 entities; a world of 18 (no extra ones) never has them all of usable
+    types, and the generator must say so instead of drawing worlds for ever."""
+    impossible = {"train": {"count": 1, "paragraphs": [18, 18], "extra_entities": 0}}
+    with pytest.raises(ValueError, match=r"synthetic split 'train', record 0: no world of 18 \+ 0 entities"):
+        generate_synthetic(3, impossible)
+    with pytest.raises(ValueError, match="extra_entities must be >= 0"):
+        generate_synthetic(3, {"train": {"count": 1, "extra_entities": -1}})
+
+
+def test_an_s3_endpoint_from_the_environment_is_kept_beside_other_client_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SELFCEST_S3_ENDPOINT_URL", "http://127.0.0.1:9000")
+    region = {"client_kwargs": {"region_name": "eu-west-1"}}
+    assert storage_options_for("s3://b/k.json", region)["endpoint_url"] == "http://127.0.0.1:9000"
+    own = {"client_kwargs": {"endpoint_url": "http://other:9000"}}
+    assert "endpoint_url" not in storage_options_for("s3://b/k.json", own)
+
+
+def test_an_unreachable_s3_endpoint_is_a_file_error(port: int) -> None:
+    opts = {"key": "k", "secret": "s", "endpoint_url": f"http://127.0.0.1:{port}"}
+    opts["config_kwargs"] = {"retries": {"max_attempts": 1}, "connect_timeout": 2}
+    with pytest.raises(QADataError, match=r"s3://qa-bucket/dev\.json: cannot read: \w+"):
+        load_2wiki("s3://qa-bucket/dev.json", storage_options=opts)
 
 
 # ---------------------------------------------------------------------------------------- s3

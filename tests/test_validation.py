@@ -228,3 +228,77 @@ def test_quarantine_names_each_records_position_in_its_file(tmp_path: Path) -> N
     _, quarantined, _ = build(params)
     where = {q.record_id: q.index for q in quarantined}
     assert where == {records[0]["_id"]: 0, records[3]["_id"]: 3}
+
+
+def _real_only(tmp_path: Path, sources: list[dict], synthetic: dict | None = None) -> dict:
+    return {
+        "qa": {
+            "seed": 1,
+            "synthetic": synthetic or {"enabled": False},
+            "real": {"enabled": True, "sources": sources},
+        },
+        "validation": LOOSE,
+    }
+
+
+def test_real_quarantines_count_under_their_output_split(tmp_path: Path) -> None:
+    """Records the expectations quarantine carry the output split's name, as the adapter's do, so
+    a real split's metrics count both and a synthetic split of the source's own split name none."""
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import build
+
+    records = json.loads(WIKI.read_text())[:4]
+    records[0] = {k: v for k, v in records[0].items() if k != "question"}  # the adapter rejects #0
+    records[3]["answer"] = ""  # adapts, then fails an expectation
+    path = tmp_path / "wiki.json"
+    path.write_text(json.dumps(records))
+    source = {"name": "wiki_train", "format": "2wiki", "split": "train", "path": str(path)}
+    synthetic = {"paragraphs": [10, 12], "splits": {"train": {"count": 5}}}
+    _, quarantined, metrics = build(_real_only(tmp_path, [source], synthetic))
+    assert [q.split for q in quarantined] == ["wiki_train", "wiki_train"]
+    assert metrics["splits"]["wiki_train"]["quarantined"] == 2
+    assert metrics["splits"]["train"]["quarantined"] == 0
+
+
+def test_a_real_source_may_not_take_a_synthetic_splits_name(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import build
+
+    source = {"name": "test", "format": "2wiki", "path": str(WIKI)}
+    synthetic = {"paragraphs": [10, 12], "splits": {"test": {"count": 5}}}
+    with pytest.raises(ValueError, match="name 'test' is also a synthetic split"):
+        build(_real_only(tmp_path, [source], synthetic))
+
+
+def test_an_empty_real_source_stops_the_stage_naming_it_and_keeps_the_old_outputs(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from selfcest.data.qa import QADataError
+    from stages import prepare_qa
+
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        yaml.safe_dump(_real_only(tmp_path, [{"name": "x", "format": "2wiki", "path": str(empty)}]))
+    )
+    out = tmp_path / "qa"
+    out.mkdir()
+    (out / "old.jsonl").write_text("{}\n")
+    with pytest.raises(QADataError, match=r"empty\.json: no records for QA split 'x'"):
+        prepare_qa.main(["--params", str(params), "--out", str(out), "--reports", str(tmp_path / "reports")])
+    assert (out / "old.jsonl").exists()
+
+
+def test_files_of_one_split_sharing_a_name_keep_their_own_metrics(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import build
+
+    records = json.loads(WIKI.read_text())
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "dev.json").write_text(json.dumps(records[:4]))
+    (tmp_path / "b" / "dev.json").write_text(json.dumps(records[4:]))
+    sources = [{"name": "x", "format": "2wiki", "path": str(tmp_path / d / "dev.json")} for d in "ab"]
+    _, _, metrics = build(_real_only(tmp_path, sources))
+    kept = {name: row["kept"] for name, row in metrics["sources"].items()}
+    assert kept == {f"x/{tmp_path / 'a' / 'dev.json'}": 4, f"x/{tmp_path / 'b' / 'dev.json'}": 6}

@@ -381,8 +381,12 @@ def _sample_unique(
     return out
 
 
+DEFAULT_PROFILE = "tiny"
+"""The arithmetic profile used when params name none."""
+
+
 def _profile(params: Mapping[str, Any]) -> Mapping[str, Any]:
-    name = params.get("profile", "tiny")
+    name = params.get("profile", DEFAULT_PROFILE)
     profiles = params.get("profiles", {})
     if name not in profiles:
         raise ValueError(f"arithmetic.profile {name!r} not in arithmetic.profiles ({sorted(profiles)})")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The QA adapters' record error: one record's field and reason, turned into a Quarantined item.
-from selfcest.data.qa import QADataError, Quarantined, read_json_records
+from selfcest.data.qa import QADataError, Quarantined, lone_surrogate_field, read_json_records, writable
 from selfcest.data.qa import _RecordError as RecordError
 from selfcest.scoring import last_boxed, math_equivalent
 
@@ -164,6 +164,9 @@ def load_math_split(
     adapted: list[tuple[int, dict[str, str]]] = []
     for index, raw in enumerate(data):
         try:
+            bad = lone_surrogate_field(raw)
+            if bad:
+                raise RecordError(bad, "holds an escaped lone surrogate (not valid Unicode)")
             adapted.append((index, adapt_math_record(raw, source=source, index=index)))
         except RecordError as exc:
             rid = raw.get("id", raw.get("idx")) if isinstance(raw, dict) else None
@@ -172,10 +175,10 @@ def load_math_split(
                     source,
                     path,
                     index,
-                    None if rid is None else str(rid),
+                    None if rid is None else writable(str(rid)),
                     [str(exc)],
                     split=source,
-                    record=raw,
+                    record=writable(raw),
                 )
             )
     results: dict[str, dict[str, Any]] = {}

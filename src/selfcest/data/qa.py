@@ -179,7 +179,8 @@ def storage_options_for(path: str, options: Mapping[str, Any] | None = None) -> 
     """fsspec options for `path`: explicit ones win; for s3:// an endpoint may come from the env
     (SELFCEST_S3_ENDPOINT_URL) so that a MinIO/moto endpoint needs no code change."""
     opts = dict(options or {})
-    if path.startswith("s3://") and "endpoint_url" not in opts and "client_kwargs" not in opts:
+    given = "endpoint_url" in opts or "endpoint_url" in (opts.get("client_kwargs") or {})
+    if path.startswith("s3://") and not given:
         endpoint = os.environ.get("SELFCEST_S3_ENDPOINT_URL")
         if endpoint:
             opts["endpoint_url"] = endpoint
@@ -195,6 +196,8 @@ def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None) -> b
         raise QADataError(path, "file not found") from exc
     except OSError as exc:
         raise QADataError(path, f"cannot read: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 (s3fs/botocore: no credentials, endpoint down, ...)
+        raise QADataError(path, f"cannot read: {type(exc).__name__}: {exc}") from exc
 
 
 def read_json_records(path: str, storage_options: Mapping[str, Any] | None = None) -> list[Any]:
@@ -217,6 +220,8 @@ def read_json_records(path: str, storage_options: Mapping[str, Any] | None = Non
             raise QADataError(
                 str(path), f"invalid JSON (truncated?) at line {exc.lineno} column {exc.colno}: {exc.msg}"
             ) from exc
+        except (ValueError, RecursionError) as exc:  # an integer over Python's digit limit, deep nesting
+            raise QADataError(str(path), f"unreadable JSON: {type(exc).__name__}: {exc}") from exc
         return data
     # JSON lines: a broken line is a file error too, because a truncated line usually means a
     # truncated download and silently keeping the rest would hide it.
@@ -233,7 +238,47 @@ def read_json_records(path: str, storage_options: Mapping[str, Any] | None = Non
             raise QADataError(
                 str(path), f"invalid JSON on line {lineno} column {exc.colno} (truncated?): {exc.msg}"
             ) from exc
+        except (ValueError, RecursionError) as exc:  # an integer over Python's digit limit, deep nesting
+            raise QADataError(
+                str(path), f"unreadable JSON on line {lineno}: {type(exc).__name__}: {exc}"
+            ) from exc
     return records
+
+
+def lone_surrogate_field(value: Any, where: str = "<record>", depth: int = 0) -> str | None:
+    """The first field of a parsed JSON value holding a lone UTF-16 surrogate, or None.
+
+    A valid UTF-8 file can spell one as an escape (`"\\ud800"`) and `json.loads` accepts it, but such
+    a string cannot be written as UTF-8 again: the record has to be quarantined where it is read,
+    before it reaches a writer or pyarrow. Bounded by the JSON's own nesting (the parser's limit)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if depth > 1000:
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and lone_surrogate_field(key, where, depth + 1):
+            return where
+        found = lone_surrogate_field(item, key if where == "<record>" else f"{where}.{key}", depth + 1)
+        if found:
+            return found
+    return None
+
+
+def writable(value: Any) -> Any:
+    """`value` with every lone surrogate written as its escape text (`\\ud800`), so a quarantined
+    record keeps what it held and can still be written as UTF-8."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {writable(k): writable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [writable(v) for v in value]
+    return value
 
 
 def _get(rec: Mapping[str, Any], name: str, typ: type | tuple[type, ...], *, optional: bool = False) -> Any:
@@ -276,10 +321,14 @@ def _adapt_file(
         try:
             if not isinstance(raw, dict):
                 raise _RecordError("<record>", f"expected an object, got {type(raw).__name__}")
+            bad = lone_surrogate_field(raw)
+            if bad:
+                raise _RecordError(bad, "holds an escaped lone surrogate (not valid Unicode)")
             result.records.append(adapt(raw))
             result.positions.append(index)
         except _RecordError as exc:
-            result.quarantined.append(Quarantined(source, path, index, rid, [str(exc)], record=raw))
+            rid = writable(rid)
+            result.quarantined.append(Quarantined(source, path, index, rid, [str(exc)], record=writable(raw)))
     return result
 
 
@@ -671,17 +720,30 @@ def _compose_question(anchor: str, rels: Sequence[str]) -> str:
     return question[0].upper() + question[1:]
 
 
+WORLD_DRAWS = 1000
+"""Worlds drawn for one synthetic record before its setting is declared impossible."""
+
+
 def synthetic_record(rng: random.Random, cfg: SyntheticSplitConfig, *, split: str, index: int) -> QARecord:
     n_par = rng.randint(*cfg.paragraphs)
     n_hops = rng.randint(*cfg.hops)
     if n_par < n_hops:
         raise ValueError(f"synthetic split {split!r}: {n_par} paragraphs cannot hold {n_hops} hops")
     rels = list(rng.choice(relation_paths(n_hops)))
-    while True:  # a fresh world per record, so answers must be read, never memorised
+    # A fresh world per record, so answers must be read, never memorised. Bounded: a setting no world
+    # can meet (more paragraphs than entities, a chain needing more entities of a type than a world
+    # has) must stop with an error, not loop; settings that can be met succeed within a few draws.
+    for _ in range(WORLD_DRAWS):
         world = _World(rng, n_par + cfg.extra_entities)
         found = next((f for f in (world.chain(rels) for _ in range(50)) if f), None)
         if found and len(world.type_of) >= n_par:
             break
+    else:
+        raise ValueError(
+            f"synthetic split {split!r}, record {index}: no world of {n_par} + {cfg.extra_entities} "
+            f"entities held {n_par} paragraphs and the {n_hops}-hop chain {' -> '.join(rels)} in "
+            f"{WORLD_DRAWS} draws; raise extra_entities or lower paragraphs/hops"
+        )
     anchor, ents = found
     support = ents[:-1]  # the paragraph of each hop's subject states the hop's fact
     others = [e for e in sorted(world.type_of) if e not in support]
@@ -736,6 +798,10 @@ def _range(value: Any, default: tuple[int, int]) -> tuple[int, int]:
 
 def split_config(spec: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> SyntheticSplitConfig:
     merged = {**(defaults or {}), **spec}
+    if int(merged.get("extra_entities", 4)) < 0:
+        raise ValueError(f"synthetic QA: extra_entities must be >= 0, got {merged['extra_entities']}")
+    if int(merged["count"]) < 1:
+        raise ValueError(f"synthetic QA: a split's count must be >= 1, got {merged['count']}")
     return SyntheticSplitConfig(
         count=int(merged["count"]),
         hops=_range(merged.get("hops"), (2, 2)),
@@ -749,8 +815,9 @@ def generate_synthetic(
     seed: int, splits: Mapping[str, SyntheticSplitConfig | Mapping[str, Any]]
 ) -> dict[str, list[QARecord]]:
     """Synthetic multi-hop QA splits. Each split has its own RNG stream (seeded by seed and split
-    name), so changing one split's count leaves the others' bytes unchanged. (question, answer)
-    pairs are unique across splits (first split in order wins). Question texts do repeat (the
+    name). (question, answer) pairs are unique across splits (first split in order wins), so
+    changing one split's count leaves the splits before it unchanged, but can change the ones after
+    it: a record whose pair an earlier split now holds (or no longer holds) is skipped (or kept). Question texts do repeat (the
     2-hop space is ~13 relation paths x 256 names), but every record has its own world and an eval
     record's answer is never a train answer to the same question, so memorising train answers does
     not help: the answer has to be read from the context."""
