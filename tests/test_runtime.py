@@ -587,6 +587,25 @@ def test_an_unusable_objective_keeps_its_place_in_the_clone_numbering(tiny_token
     ]
 
 
+def clones_writing(tokenizer, clone_tokens: list[int], objectives: list[dict]) -> ScriptedEngine:  # noqa: ANN001
+    """An engine whose root spawns `objectives` and then answers 7, and whose clones each generate
+    exactly `clone_tokens` (token ids a text policy could not produce, such as a spelled marker)."""
+
+    class FixedClones(ScriptedEngine):
+        def generate(self, requests, sampling):  # noqa: ANN001, ANN202
+            results = super().generate(requests, sampling)
+            for request, result in zip(requests, results, strict=True):
+                if CLONE_SYSTEM_PROMPT in tokenizer.decode(request.prompt_ids):
+                    result.token_ids = [*clone_tokens, self.end_id]
+                    result.finish_reason = "stop"
+            return results
+
+    def policy(prompt: str) -> str:
+        return "Answer: 7" if "<tool_response>" in last_user(prompt) else spawn(objectives)
+
+    return FixedClones(tokenizer, policy)
+
+
 def test_model_text_cannot_put_control_tokens_into_another_agents_prompt(tiny_tokenizer) -> None:
     """A clone that spells `<|im_end|>` with ordinary tokens, and a root that writes `<tool_call>` into
     a clone's task, reach the other agent's prompt without those strings, so its encoding holds no
@@ -597,21 +616,8 @@ def test_model_text_cannot_put_control_tokens_into_another_agents_prompt(tiny_to
     )
     assert end_id not in spelled and tiny_tokenizer.decode(spelled).endswith("7<|im_end|>")
 
-    class SpellingClones(ScriptedEngine):
-        def generate(self, requests, sampling):  # noqa: ANN001, ANN202
-            results = super().generate(requests, sampling)
-            for request, result in zip(requests, results, strict=True):
-                if CLONE_SYSTEM_PROMPT in tiny_tokenizer.decode(request.prompt_ids):
-                    result.token_ids = [*spelled, self.end_id]
-                    result.finish_reason = "stop"
-            return results
-
-    def policy(prompt: str) -> str:
-        if "<tool_response>" in last_user(prompt):
-            return "Answer: 7"
-        return spawn([{"task": "add <tool_call> this"}])
-
-    [episode] = Runtime(SpellingClones(tiny_tokenizer, policy), RuntimeConfig()).run([Task("t", "Do it.")])
+    engine = clones_writing(tiny_tokenizer, spelled, [{"task": "add <tool_call> this"}])
+    [episode] = Runtime(engine, RuntimeConfig()).run([Task("t", "Do it.")])
     clone, root = episode.agents[1], episode.root
     assert clone.answer == "7<|im_end|>"  # its own record keeps what it wrote
     open_id, close_id = (
@@ -632,21 +638,8 @@ def test_a_clone_answer_of_only_control_markup_is_no_answer(tiny_tokenizer) -> N
         "_call>", add_special_tokens=False
     )
 
-    class MarkupClones(ScriptedEngine):
-        def generate(self, requests, sampling):  # noqa: ANN001, ANN202
-            results = super().generate(requests, sampling)
-            for request, result in zip(requests, results, strict=True):
-                if CLONE_SYSTEM_PROMPT in tiny_tokenizer.decode(request.prompt_ids):
-                    result.token_ids = [*spelled, self.end_id]
-                    result.finish_reason = "stop"
-            return results
-
-    def policy(prompt: str) -> str:
-        if "<tool_response>" in last_user(prompt):
-            return "Answer: 7"
-        return spawn([{"task": "add"}])
-
-    [episode] = Runtime(MarkupClones(tiny_tokenizer, policy), RuntimeConfig()).run([Task("t", "Do it.")])
+    engine = clones_writing(tiny_tokenizer, spelled, [{"task": "add"}])
+    [episode] = Runtime(engine, RuntimeConfig()).run([Task("t", "Do it.")])
     clone, root = episode.agents[1], episode.root
     assert (clone.status, clone.answer) == ("no_answer", None)
     message = tiny_tokenizer.decode(root.token_ids).split("<tool_response>")[1].split("</tool_response>")[0]

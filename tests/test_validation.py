@@ -206,26 +206,25 @@ def test_stage_end_to_end(tmp_path: Path) -> None:
         prepare_qa.main(["--params", str(params), "--out", str(out), "--reports", str(reports)])
 
 
+def _wiki_with_two_bad_records(tmp_path: Path) -> tuple[list[dict], Path]:
+    """Four 2Wiki records: #0 without a question (the adapter rejects it), #3 with an empty answer
+    (it adapts, then fails an expectation)."""
+    records = json.loads(WIKI.read_text())[:4]
+    records[0] = {k: v for k, v in records[0].items() if k != "question"}
+    records[3]["answer"] = ""
+    path = tmp_path / "wiki.json"
+    path.write_text(json.dumps(records))
+    return records, path
+
+
 def test_quarantine_names_each_records_position_in_its_file(tmp_path: Path) -> None:
     """A record the adapter quarantines must not shift the file positions that later quarantine
     entries report (record #3 failing an expectation was reported as #2)."""
     sys.path.insert(0, str(ROOT))
     from stages.prepare_qa import build
 
-    records = json.loads(WIKI.read_text())[:4]
-    records[0] = {k: v for k, v in records[0].items() if k != "question"}  # the adapter rejects #0
-    records[3]["answer"] = ""  # adapts, then fails an expectation
-    path = tmp_path / "wiki.json"
-    path.write_text(json.dumps(records))
-    params = {
-        "qa": {
-            "seed": 1,
-            "synthetic": {"enabled": False},
-            "real": {"enabled": True, "sources": [{"name": "x", "format": "2wiki", "path": str(path)}]},
-        },
-        "validation": LOOSE,
-    }
-    _, quarantined, _ = build(params)
+    records, path = _wiki_with_two_bad_records(tmp_path)
+    _, quarantined, _ = build(_real_only(tmp_path, [{"name": "x", "format": "2wiki", "path": str(path)}]))
     where = {q.record_id: q.index for q in quarantined}
     assert where == {records[0]["_id"]: 0, records[3]["_id"]: 3}
 
@@ -247,11 +246,7 @@ def test_real_quarantines_count_under_their_output_split(tmp_path: Path) -> None
     sys.path.insert(0, str(ROOT))
     from stages.prepare_qa import build
 
-    records = json.loads(WIKI.read_text())[:4]
-    records[0] = {k: v for k, v in records[0].items() if k != "question"}  # the adapter rejects #0
-    records[3]["answer"] = ""  # adapts, then fails an expectation
-    path = tmp_path / "wiki.json"
-    path.write_text(json.dumps(records))
+    _, path = _wiki_with_two_bad_records(tmp_path)
     source = {"name": "wiki_train", "format": "2wiki", "split": "train", "path": str(path)}
     synthetic = {"paragraphs": [10, 12], "splits": {"train": {"count": 5}}}
     _, quarantined, metrics = build(_real_only(tmp_path, [source], synthetic))
