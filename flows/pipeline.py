@@ -7,8 +7,13 @@ flow run does no work. The flow only orchestrates; it imports nothing from the l
 
     python flows/pipeline.py                      # run once (ephemeral Prefect API)
     python flows/pipeline.py --stages build_model # run a subset (and what it needs, in order)
-    python flows/pipeline.py --serve --cron "0 3 * * *"   # a scheduled deployment; needs `prefect server start`
-    python flows/pipeline.py --serve --interval 3600      # or every hour, on the hour
+    # a scheduled deployment: schedules fire only on a real server (`prefect server start` in
+    # another shell), so --serve refuses to run without PREFECT_API_URL
+    PREFECT_API_URL=http://127.0.0.1:4200/api python flows/pipeline.py --serve --cron "0 3 * * *"
+    PREFECT_API_URL=http://127.0.0.1:4200/api python flows/pipeline.py --serve --interval 3600
+
+A served deployment runs one flow run at a time: a run that comes due while the last one is still
+running waits for it (two `dvc repro` in one repo would fail on DVC's lock).
 
 Each stage's output (DVC's and the stage's own log) reaches the Prefect log line by line as it is
 written, so a long warm-up shows its progress while it runs.
@@ -27,6 +32,7 @@ from pathlib import Path
 
 import networkx as nx
 from dvc.repo import Repo
+from dvc.stage import PipelineStage
 from prefect import flow, get_run_logger, task
 from prefect.schedules import Cron, Interval
 
@@ -39,6 +45,9 @@ def stage_order(repo_dir: Path, targets: list[str] | None = None) -> list[str]:
     a name that is neither is refused, so a typo never runs nothing and reports success."""
     with Repo(str(repo_dir)) as repo:
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
+        # The stages of dvc.yaml only: the graph also holds the stage of every `.dvc` file (`dvc add`,
+        # `dvc import-url` into data/sources/), which has no name and which `dvc repro` leaves alone.
+        graph = graph.subgraph([stage for stage in graph.nodes if isinstance(stage, PipelineStage)])
         if targets is not None:
             names = {stage.name for stage in graph.nodes}
             groups = {name.split("@")[0] for name in names}
@@ -107,7 +116,9 @@ def main() -> None:
         "--serve", action="store_true", help="serve a scheduled deployment (needs a Prefect server)"
     )
     schedule = parser.add_mutually_exclusive_group()
-    schedule.add_argument("--cron", help="schedule for --serve (default: 0 3 * * *, nightly at 03:00)")
+    schedule.add_argument(
+        "--cron", help="schedule for --serve, in UTC (default: 0 3 * * *, nightly at 03:00 UTC)"
+    )
     schedule.add_argument(
         "--interval", type=float, help="schedule for --serve: every this many seconds, on round times"
     )
@@ -121,8 +132,17 @@ def main() -> None:
         return
     if args.interval is not None and args.interval <= 0:
         parser.error(f"--interval must be positive, got {args.interval}")
-    if args.stages:
-        stage_order(Path(args.repo), args.stages)  # an unknown stage stops here, not at the first run
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        # Without it Prefect serves on a private ephemeral API whose scheduler never runs: the
+        # process would wait for ever and no scheduled run would start.
+        parser.error(
+            "--serve needs a Prefect server: start one (`prefect server start`) and set "
+            "PREFECT_API_URL, e.g. http://127.0.0.1:4200/api (see README)"
+        )
+    repo_dir = Path(args.repo).resolve()  # stored in the deployment: relative to nothing at run time
+    stage_order(repo_dir, args.stages)  # a wrong repo or stage stops here, not at the first run
     when = (
         # Anchored on a round time, so `--interval 3600` runs on the hour, not an hour after serving.
         Interval(timedelta(seconds=args.interval), anchor_date=datetime(2020, 1, 1, tzinfo=UTC))
@@ -131,8 +151,9 @@ def main() -> None:
     )
     pipeline.serve(
         name=args.name or "selfcest-nightly",
-        parameters={"repo_dir": args.repo, "stages": args.stages},
+        parameters={"repo_dir": str(repo_dir), "stages": args.stages},
         schedules=[when],
+        limit=1,  # one run at a time: a run due while another runs waits for it
     )
 
 

@@ -55,6 +55,36 @@ def test_stage_order_follows_dependencies(dvc_repo: Path) -> None:
             stage_order(dvc_repo, wrong)
 
 
+def test_stage_order_leaves_out_the_stages_of_dvc_files(dvc_repo: Path) -> None:
+    """A `.dvc` file (`dvc add`, or `dvc import-url` into data/sources/ as the README advises) puts
+    a nameless stage into DVC's graph; the flow orders the dvc.yaml stages as before."""
+    (dvc_repo / "source.txt").write_text("raw\n")
+    subprocess.run([sys.executable, "-m", "dvc", "add", "-q", "source.txt"], cwd=dvc_repo, check=True)
+    assert (dvc_repo / "source.txt.dvc").exists()
+    assert stage_order(dvc_repo) == ["first", "second"]
+    assert stage_order(dvc_repo, ["second"]) == ["first", "second"]
+
+
+def test_serving_needs_a_prefect_server_and_runs_one_flow_run_at_a_time(
+    dvc_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import flows.pipeline as module
+
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(module.pipeline, "serve", lambda **kwargs: served.update(kwargs))
+    monkeypatch.chdir(dvc_repo.parent)
+    monkeypatch.setattr(sys, "argv", ["pipeline.py", "--serve", "--interval", "60", "--repo", dvc_repo.name])
+    with temporary_settings(updates={PREFECT_API_URL: None}), pytest.raises(SystemExit):
+        module.main()  # the ephemeral API never fires a schedule: refused, nothing served
+    assert not served
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        module.main()
+    assert served["limit"] == 1
+    assert served["parameters"] == {"repo_dir": str(dvc_repo), "stages": None}  # absolute
+
+
 def test_stage_groups_select_every_cell_of_a_foreach_stage() -> None:
     grpo = stage_order(REPO_ROOT, ["train_grpo"])
     assert [s for s in grpo if s.startswith("train_grpo@")] == [
