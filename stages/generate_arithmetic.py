@@ -48,7 +48,7 @@ _FEATURES = {
 
 
 def _data_card(card: dict[str, Any], params: dict[str, Any]) -> str:
-    name = params.get("profile", DEFAULT_PROFILE)
+    name = card["profile"]  # resolved once, in main
     profile = params["profiles"][name]
     lines = [
         "# Synthetic arithmetic (generated)",
