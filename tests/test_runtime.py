@@ -10,7 +10,7 @@ from scripted_policies import halving_policy, last_user
 
 from selfcest.engine import SamplingConfig, TransformersEngine
 from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question
-from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task
+from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task, _water_fill
 from selfcest.scripted import ScriptedEngine
 
 
@@ -139,13 +139,13 @@ def run_eight_ones(tiny_tokenizer, config: RuntimeConfig) -> Episode:
     return episode
 
 
-@pytest.mark.parametrize(("reserve", "grants"), [(10, [16, 16, 16, 10]), (0, [16, 16, 16, 16])])
+@pytest.mark.parametrize(("reserve", "grants"), [(10, [14, 14, 15, 15]), (0, [16, 16, 16, 16])])
 def test_budget_cuts_clone_grants_and_is_never_exceeded(
     tiny_tokenizer, reserve: int, grants: list[int]
 ) -> None:
-    """68 tokens are left after the root's first turn. The clones' grants are taken in order, each
-    min(16, left - reserve): with a reserve of 10, 68 -> 52 -> 36 -> 20 leaves the last clone
-    20 - 10 = 10 tokens, so the root keeps at least its reserve for its final answer."""
+    """68 tokens are left after the root's first turn. The four clones run side by side and share
+    what the root's reserve leaves: with a reserve of 10, 58 tokens, 14 + 14 + 15 + 15 (each asked
+    for 16); with none, 68 covers the 4 x 16 asked. The root keeps at least its reserve."""
     spawn_tokens = eight_ones_spawn_tokens(tiny_tokenizer)
     budget = spawn_tokens + 68
     config = RuntimeConfig(episode_token_budget=budget, root_reserve_tokens=reserve, root_max_tokens=400)
@@ -161,36 +161,74 @@ def test_budget_cuts_clone_grants_and_is_never_exceeded(
     assert sum(grants) <= budget - spawn_tokens - reserve
 
 
-@pytest.mark.parametrize("min_clone_tokens", [3, 4])
+@pytest.mark.parametrize(("min_clone_tokens", "grants"), [(3, [3, 3, 4]), (4, [5, 5])])
 def test_a_clone_granted_less_than_min_clone_tokens_is_not_started(
-    tiny_tokenizer, min_clone_tokens: int
+    tiny_tokenizer, min_clone_tokens: int, grants: list[int]
 ) -> None:
-    """61 tokens after the root's spawn leave the last clone min(16, 13 - 10) = 3 tokens: enough to
-    start it when the minimum is 3 (it is cut short), too few when it is 4 (budget_exhausted,
-    without generating)."""
+    """20 tokens after the root's spawn leave the four clones 20 - 10 = 10: equal shares of 2-3 are
+    below both minimums, so the last clones in objective order are not started (budget_exhausted,
+    without generating) until the others' shares reach the minimum: three clones of 3, 3 and 4
+    tokens when it is 3, two of 5 when it is 4. A clone needs 4 tokens to answer."""
     config = RuntimeConfig(
-        episode_token_budget=eight_ones_spawn_tokens(tiny_tokenizer) + 61,
+        episode_token_budget=eight_ones_spawn_tokens(tiny_tokenizer) + 20,
         root_reserve_tokens=10,
         root_max_tokens=400,
         min_clone_tokens=min_clone_tokens,
     )
     episode = run_eight_ones(tiny_tokenizer, config)
-    *started, last = episode.agents[1:]
-    assert [[t.granted_tokens for t in c.turns] for c in started] == [[16], [16], [16]]
-    assert all(c.status == "ok" for c in started)
-    if min_clone_tokens == 3:
-        assert [t.granted_tokens for t in last.turns] == [3]
-        assert (last.status, last.generated_tokens) == ("truncated", 3)
-        assert not episode.budget_exhausted
-    else:
-        assert (last.status, last.generated_tokens, last.turns) == ("budget_exhausted", 0, [])
-        assert last.failure == "token budget exhausted" and last.answer is None
-        assert episode.budget_exhausted
+    clones = episode.agents[1:]
+    started, skipped = clones[: len(grants)], clones[len(grants) :]
+    assert [[t.granted_tokens for t in c.turns] for c in started] == [[g] for g in grants]
+    assert [c.status for c in started] == ["ok" if g >= 4 else "truncated" for g in grants]
+    assert episode.budget_exhausted
+    for clone in skipped:
+        assert (clone.status, clone.generated_tokens, clone.turns) == ("budget_exhausted", 0, [])
+        assert clone.failure == "token budget exhausted" and clone.answer is None
         # its prompt never reached the engine, so it costs nothing
-        assert last.prompt_tokens > 0
-        assert episode.total_tokens == sum(len(a.token_ids) for a in episode.agents if a.turns)
-        assert "turn1_clone3: failed" in tiny_tokenizer.decode(episode.root.token_ids)
-    assert episode.final_answer == "6"  # the root adds the three answers it got
+        assert clone.prompt_tokens > 0
+    assert episode.total_tokens == sum(len(a.token_ids) for a in episode.agents if a.turns)
+    assert "turn1_clone3: failed" in tiny_tokenizer.decode(episode.root.token_ids)
+    # the root adds the answers it got
+    assert episode.final_answer == str(2 * sum(c.status == "ok" for c in started))
+
+
+@pytest.mark.parametrize(
+    ("demands", "pool", "grants"),
+    [
+        ([16, 16, 16, 16], 58, [14, 14, 15, 15]),
+        ([16, 16, 16, 16], 80, [16, 16, 16, 16]),
+        ([64, 8, 64], 60, [26, 8, 26]),  # the small demand is met, the rest split evenly
+        ([5, 5, 5], 10, [3, 3, 4]),
+        ([7], 0, [0]),
+        ([], 10, []),
+    ],
+)
+def test_water_fill_is_max_min_fair(demands: list[int], pool: int, grants: list[int]) -> None:
+    assert _water_fill(demands, pool) == grants
+    assert sum(grants) <= pool and all(0 <= g <= d for g, d in zip(grants, demands, strict=True))
+
+
+def test_a_tight_budget_is_shared_between_sibling_clones_not_taken_by_the_first(tiny_tokenizer) -> None:
+    """Two clones asking 64 tokens each, 40 tokens left beyond the reserve: first come, first served
+    gave the first clone 40 and left the second none, so the sum was lost though each clone needs 4;
+    shared, each gets 20 and both answer."""
+
+    def pairs_of_two(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt or "<tool_response>" in last_user(prompt):
+            return splitting_policy(prompt)
+        return spawn([{"task": arithmetic_question(p), "max_tokens": 64} for p in ("1+1", "2+2")])
+
+    question = arithmetic_question("1+1+2+2")
+    spawn_tokens = len(tiny_tokenizer.encode(pairs_of_two(question), add_special_tokens=False)) + 1
+    config = RuntimeConfig(
+        episode_token_budget=spawn_tokens + 50, root_reserve_tokens=10, root_max_tokens=400
+    )
+    [episode] = Runtime(ScriptedEngine(tiny_tokenizer, pairs_of_two), config).run([Task("t", question)])
+    check_accounting(episode, config)
+    clones = episode.agents[1:]
+    assert [[t.granted_tokens for t in c.turns] for c in clones] == [[20], [20]]
+    assert [c.status for c in clones] == ["ok", "ok"]
+    assert episode.final_answer == "6" and not episode.budget_exhausted
 
 
 def adversarial_policy(prompt: str) -> str:

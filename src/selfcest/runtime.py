@@ -9,7 +9,8 @@ are an option (`max_depth`).
 
 Token accounting is tree-wide and enforced before generation: every grant is taken out of the
 episode's remaining budget (unused tokens are refunded after the round), so an episode can never
-generate more than `episode_token_budget` tokens. A clone's `max_tokens` is cut to what remains.
+generate more than `episode_token_budget` tokens. A clone's `max_tokens` is cut to what remains;
+clones that run side by side share what remains max-min fairly (`Runtime._grants`).
 """
 
 from __future__ import annotations
@@ -292,8 +293,9 @@ class Runtime:
     def _round(self, states: list[_State], sampling: SamplingConfig, round_index: int) -> bool:
         batch: list[tuple[_State, int, int]] = []
         for state in states:
+            grants = self._grants(state)
             for index in state.ready:
-                grant = self._grant(state, index)
+                grant = grants[index]
                 agent = state.episode.agents[index]
                 if grant < 1 or (agent.role == "clone" and grant < self.config.min_clone_tokens):
                     if agent.max_tokens - agent.generated_tokens <= grant:
@@ -380,13 +382,45 @@ class Runtime:
         """Whether a turn's generated `tokens` end on the special stop token that ended the turn."""
         return bool(finish_reason == "stop" and tokens and tokens[-1] in self.tokenizer.all_special_ids)
 
-    def _grant(self, state: _State, index: int) -> int:
-        """Tokens this agent may generate in its next turn: never more than the episode has left."""
-        agent = state.episode.agents[index]
-        own_left = agent.max_tokens - agent.generated_tokens
-        if agent.role == "root":
-            return max(0, min(self.config.root_max_tokens, own_left, state.remaining))
-        return max(0, min(own_left, state.remaining - self.config.root_reserve_tokens))
+    def _grants(self, state: _State) -> dict[int, int]:
+        """Tokens each ready agent of one episode may generate in its next turn: never more than the
+        episode has left, whatever the order of the agents.
+
+        A root's turn may use what is left (up to `root_max_tokens`). The clones ready in one round run
+        side by side and share what is left beyond `root_reserve_tokens` max-min fairly (water-filling):
+        each gets what its own cap still allows or an equal share of what the others leave, whichever is
+        less. Why not first come, first served (each clone its whole cap, in objective order, as before):
+        a grant is reserved for the whole turn, so the first clones' unused caps starved their siblings
+        under a tight budget, and a sum whose second half got no tokens was lost though the two halves'
+        real cost fitted (budget 128, trees of halves: the first clones took 64 tokens each to spawn with
+        4 of them). If even an equal share is below `min_clone_tokens`, the last clones in objective
+        order get nothing (they fail as budget_exhausted), so that the others can start."""
+        agents = state.episode.agents
+        left = {
+            index: max(0, agents[index].max_tokens - agents[index].generated_tokens) for index in state.ready
+        }
+        grants: dict[int, int] = {}
+        remaining = state.remaining
+        clones: list[int] = []
+        for index in state.ready:
+            if agents[index].role == "root":
+                grants[index] = max(0, min(self.config.root_max_tokens, left[index], remaining))
+                remaining -= grants[index]
+            else:
+                clones.append(index)
+        pool = max(0, remaining - self.config.root_reserve_tokens)
+        # Clones whose own cap is below the minimum are finished by the caller on their own cap (not the
+        # budget's fault); they take no share. Bounded: each pass drops one clone.
+        sharing = [index for index in clones if left[index] >= self.config.min_clone_tokens]
+        for index in clones:
+            grants[index] = min(left[index], pool)
+        while sharing:
+            fair = _water_fill([left[index] for index in sharing], pool)
+            if min(fair) >= self.config.min_clone_tokens:
+                grants.update(zip(sharing, fair, strict=True))
+                break
+            grants[sharing.pop()] = 0
+        return grants
 
     def _after_turn(self, state: _State, index: int, text: str, finish_reason: str, content: str) -> None:
         config = self.config
@@ -620,6 +654,18 @@ class Runtime:
         if episode.generated_tokens > episode.budget:  # the grants make this impossible; keep it loud
             raise AssertionError(f"episode {episode.task_id} overran its budget")
         state.done = True
+
+
+def _water_fill(demands: Sequence[int], pool: int) -> list[int]:
+    """Max-min fair shares of `pool` tokens: the smallest demands are met in full, and what is left is
+    split evenly between the rest (integer shares: the odd tokens go to the largest demands, and among
+    equal ones to the later in order). Nothing is left over unless every demand is met."""
+    grants = [0] * len(demands)
+    order = sorted(range(len(demands)), key=lambda i: (demands[i], i))
+    for position, i in enumerate(order):
+        grants[i] = min(demands[i], pool // (len(order) - position))
+        pool -= grants[i]
+    return grants
 
 
 def _critical_path(agents: list[AgentRecord], index: int) -> int:
