@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,9 +22,18 @@ from trl import GRPOTrainer
 
 from selfcest.checkpoints import code_sha256, prepare_run_dir
 from selfcest.determinism import KERNEL_VARIABLE, PINNED_CAPABILITY, cpu_flags
-from selfcest.grpo import ROLE_CLONE, ROLE_PAD, ROLE_ROOT, SelfcestConfig, SelfcestGRPOTrainer
+from selfcest.grpo import (
+    ROLE_CLONE,
+    ROLE_PAD,
+    ROLE_ROOT,
+    SelfcestConfig,
+    SelfcestGRPOTrainer,
+    make_rollout_func,
+)
+from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question
 from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward, length_penalty
-from selfcest.runtime import AgentRecord, Episode, RuntimeConfig
+from selfcest.runtime import AgentRecord, Episode, RuntimeConfig, Task
+from selfcest.scripted import ScriptedEngine
 
 
 def clone(status: str, generated: int = 10, answer: str | None = "1") -> AgentRecord:
@@ -111,6 +123,41 @@ def test_a_ratio_gate_that_no_clone_can_reach_is_refused() -> None:
     SelfcestConfig(runtime=tiny, gate=GateConfig("ratio", ratio_min_tokens=48))  # reachable: accepted
     SelfcestConfig(runtime=tiny, gate=GateConfig("protocol"))  # the threshold is unused: accepted
     SelfcestConfig(runtime=RuntimeConfig(clone_max_tokens=1024), gate=GateConfig("ratio"))  # the release
+
+
+def test_group_weighting_counts_only_the_clones_that_ran(tiny_tokenizer) -> None:
+    """A clone refused for lack of budget never generated: it gets no training row and does not
+    divide its episode's clone advantages under `group` weighting (three clones ran of four spawned)."""
+    objectives = [{"task": "Calculate the value of 1+1.", "max_tokens": 16}] * 4
+    spawn = "<tool_call>\n" + json.dumps({"name": "spawn_clone", "arguments": {"objectives": objectives}})
+    spawn += "\n</tool_call>"
+
+    def policy(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return "Answer: 2"
+        return "Answer: 6" if "<tool_response>" in prompt.rsplit("<|im_start|>user", 1)[-1] else spawn
+
+    # After the spawn turn: three 16-token grants, then 1 token above the root's 16-token reserve.
+    budget = len(tiny_tokenizer.encode(spawn, add_special_tokens=False)) + 1 + 3 * 16 + 16 + 1
+    config = SelfcestConfig(
+        runtime=RuntimeConfig(episode_token_budget=budget, root_max_tokens=400),
+        gate=GateConfig("none"),
+        clone_weighting="group",
+        engine_factory=lambda _model, tokenizer: ScriptedEngine(tokenizer, policy),
+    )
+    task = Task("t", arithmetic_question("1+1+1+1+1+1"), metadata={"kind": "arithmetic", "answer": "6"})
+    trainer = SimpleNamespace(
+        accelerator=SimpleNamespace(unwrap_model=lambda model: model, process_index=0),
+        model=torch.nn.Linear(1, 1),
+        processing_class=tiny_tokenizer,
+        state=SimpleNamespace(global_step=0),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+    )
+    out = make_rollout_func({"t": task}, config)(["t"], trainer)
+    [rows] = out["clone_rows"]
+    assert [weight for *_, weight in rows] == pytest.approx([1 / 3] * 3)
+    assert all(1 in env_mask for _, _, env_mask, _ in rows)  # every row has tokens to train
+    assert trainer._metrics["train"]["selfcest/clones_per_episode"] == [3.0]
 
 
 def generation_batch(trainer) -> tuple[dict, list[dict]]:

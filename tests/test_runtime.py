@@ -47,6 +47,10 @@ def check_accounting(episode: Episode, config: RuntimeConfig) -> None:
         max((i + 1 for i, m in enumerate(a.generated_mask) if m), default=0) for a in episode.agents
     ]
     assert episode.total_tokens == sum(last_generated)
+    # every spawned clone either ran (had a turn) or was refused
+    clones = [a for a in episode.agents if a.role == "clone"]
+    assert episode.num_clones == sum(bool(a.turns) for a in clones)
+    assert episode.num_clones + episode.refused_clones == len(clones)
     for agent in episode.agents:
         assert sum(agent.generated_mask) == agent.generated_tokens
         assert agent.prompt_tokens + agent.generated_tokens == len(agent.token_ids)
@@ -181,6 +185,8 @@ def test_a_clone_granted_less_than_min_clone_tokens_is_not_started(
     assert [[t.granted_tokens for t in c.turns] for c in started] == [[g] for g in grants]
     assert [c.status for c in started] == ["ok" if g >= 4 else "truncated" for g in grants]
     assert episode.budget_exhausted
+    # a clone that never ran is no clone of the episode's count, but a refused one
+    assert (episode.num_clones, episode.refused_clones) == (len(started), len(skipped))
     for clone in skipped:
         assert (clone.status, clone.generated_tokens, clone.turns) == ("budget_exhausted", 0, [])
         assert clone.failure == "token budget exhausted" and clone.answer is None

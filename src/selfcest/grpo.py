@@ -49,7 +49,8 @@ class SelfcestConfig:
     gate: GateConfig = field(default_factory=GateConfig)
     clone_weighting: Literal["token", "group"] = "token"
     """`token`: every clone row counts like a root row (the release); `group`: clone advantages are
-    divided by the episode's clone count, so the number of clones does not scale the update."""
+    divided by the episode's clone count (clones that ran), so the number of clones does not scale
+    the update."""
     temperature: float = 1.0
     """Sampling temperature of the rollouts; `build_trainer` hands it to `GRPOConfig` too, so that the
     loss's log-probabilities are those of the distribution the tokens were drawn from."""
@@ -136,7 +137,9 @@ def make_rollout_func(
             out["completion_ids"].append(completion_ids)
             out["env_mask"].append(env_mask)
             out["reward"].append(reward)
-            clones = [a for a in episode.agents if a.role == "clone"]
+            # A clone refused its first turn (no budget left) generated nothing: no row to train, and
+            # no share of `group` weighting's division.
+            clones = [a for a in episode.agents if a.role == "clone" and a.turns]
             weights = [clone_gate(clone, reward, config.gate) for clone in clones]
             if config.clone_weighting == "group" and clones:
                 weights = [w / len(clones) for w in weights]

@@ -157,6 +157,10 @@ class Episode:
     wall_seconds: float = 0.0
     num_tool_calls: int = 0
     num_clones: int = 0
+    """Clones that ran (had at least one turn); a clone refused before its first turn is not one."""
+    refused_clones: int = 0
+    """Clones spawned but never run: refused for lack of budget (or stopped by the scheduler's round
+    limit before their first turn). `num_clones + refused_clones` is every clone spawned."""
     repairs: int = 0
     protocol_errors: list[dict[str, Any]] = field(default_factory=list)
     budget_exhausted: bool = False
@@ -494,7 +498,6 @@ class Runtime:
             max_tokens=cap,
         )
         state.episode.agents.append(clone)
-        state.episode.num_clones += 1
         state.messages.append(
             [
                 {"role": "system", "content": config.clone_system_prompt},
@@ -648,6 +651,10 @@ class Runtime:
         episode.final_answer = root.answer
         episode.final_text = root.turns[-1].text if root.turns else ""
         episode.generated_tokens = sum(a.generated_tokens for a in episode.agents)
+        # Counted now that every clone has settled: a spawned clone may still be refused its first turn.
+        clones = [agent for agent in episode.agents if agent.role == "clone"]
+        episode.num_clones = sum(bool(agent.turns) for agent in clones)
+        episode.refused_clones = len(clones) - episode.num_clones
         episode.total_tokens = sum(state.processed.values())
         episode.critical_path_tokens = root.critical_path_tokens
         episode.wall_seconds = time.perf_counter() - state.started
