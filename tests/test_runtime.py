@@ -42,6 +42,7 @@ def splitting_policy(prompt: str) -> str:
 def check_accounting(episode: Episode, config: RuntimeConfig) -> None:
     assert episode.generated_tokens <= episode.budget
     assert episode.generated_tokens == sum(a.generated_tokens for a in episode.agents)
+    assert episode.num_tool_calls == sum(a.tool_calls for a in episode.agents)
     # the engine read each agent's context up to its last generated token, and nothing after it
     last_generated = [
         max((i + 1 for i, m in enumerate(a.generated_mask) if m), default=0) for a in episode.agents

@@ -156,6 +156,7 @@ class Episode:
     """Longest chain of generated tokens that depend on each other (root turns + slowest clones)."""
     wall_seconds: float = 0.0
     num_tool_calls: int = 0
+    """Every agent's spawn calls: the sum of their `tool_calls`, taken when the episode closes."""
     num_clones: int = 0
     """Clones that ran (had at least one turn); a clone refused before its first turn is not one."""
     refused_clones: int = 0
@@ -444,7 +445,6 @@ class Runtime:
                     state, agent, [ProtocolError("turn_limit", "no spawning on the last turn")]
                 )
             elif parsed.calls:
-                state.episode.num_tool_calls += len(parsed.calls)
                 agent.tool_calls += len(parsed.calls)
                 objectives = [objective for call in parsed.calls for objective in call.objectives]
                 for position, objective in enumerate(objectives):
@@ -651,6 +651,7 @@ class Runtime:
         episode.final_answer = root.answer
         episode.final_text = root.turns[-1].text if root.turns else ""
         episode.generated_tokens = sum(a.generated_tokens for a in episode.agents)
+        episode.num_tool_calls = sum(a.tool_calls for a in episode.agents)
         # Counted now that every clone has settled: a spawned clone may still be refused its first turn.
         clones = [agent for agent in episode.agents if agent.role == "clone"]
         episode.num_clones = sum(bool(agent.turns) for agent in clones)
