@@ -330,6 +330,30 @@ def test_math_reads_only_an_answer_the_root_finished(tiny_tokenizer) -> None:
     assert answer_key("math", "204.") == answer_key("math", "204") == "204"
 
 
+def test_math_scoring_finds_the_roots_last_box_once(tiny_tokenizer, monkeypatch) -> None:
+    """Scoring a math answer reads the root's last `\\boxed{}` once: `episode_answer_text` hands on the
+    root's own text and the scorer finds the box (or the `Answer:` line) in it, not both of them."""
+    import selfcest.evaluation
+    import selfcest.scoring
+
+    scanned: list[object] = []
+    last_boxed = selfcest.scoring.last_boxed
+
+    def counting(text: object, *args: object, **kwargs: object) -> str | None:
+        scanned.append(text)
+        return last_boxed(text, *args, **kwargs)
+
+    monkeypatch.setattr(selfcest.scoring, "last_boxed", counting)
+    monkeypatch.setattr(selfcest.evaluation, "last_boxed", counting)
+    for reply in ("so \\boxed{204}.", "Answer: 204."):
+        evaluator = Evaluator(
+            ScriptedEngine(tiny_tokenizer, lambda prompt, r=reply: r), RuntimeConfig(), seed=0
+        )
+        scanned.clear()
+        [result], _ = evaluator.run(MethodSpec("base"), [Problem("p", "math", "What is 200+4?", ["204"])], 64)
+        assert result.correct == 1.0 and len(scanned) == 1, reply
+
+
 def test_avg_at_k_averages_attempts(tiny_tokenizer) -> None:
     calls = {"n": 0}
 

@@ -185,11 +185,13 @@ def episode_answer_text(episode: Episode) -> str:
     """What the root finally said, for math's `\\boxed{}`: its last turn without tool calls when that
     turn ended of itself (with an answer or without one), else its extracted answer, which is None
     for a root cut by a token limit or failed: a cut line ("Answer: 20" of 204) or a box inside a
-    refused tool call is no answer on math either, as on arithmetic and QA."""
+    refused tool call is no answer on math either, as on arithmetic and QA.
+
+    The text is handed on whole, box or no box: the scorer (`math_final_answer`) reads its last box,
+    else its last `Answer:` line, which is the root's `final_answer` (the runtime took it from this
+    very text), so looking for the box here as well would only find it twice."""
     if episode.root.status in ("ok", "no_answer"):
-        text = strip_tool_calls(episode.final_text)
-        if last_boxed(text) or episode.final_answer is None:
-            return text
+        return strip_tool_calls(episode.final_text)
     return f"{ANSWER_MARKER} {episode.final_answer}" if episode.final_answer else ""
 
 
