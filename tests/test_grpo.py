@@ -192,7 +192,12 @@ def test_clone_rows_carry_gated_root_advantages(tiny_checkpoint: Path, tmp_path:
     assert weights == [[1.0 if a else 0.0 for a in row] for row in answered]
     assert {a for row in answered for a in row} == {True, False}  # the gate closed and stayed open
     mask = batch["completion_mask"] * batch["tool_mask"]
-    assert int(batch["num_items_in_batch"]) == int(mask.sum())
+    # a gated row (weight 0) has no loss token, yet its tokens count in the denominator, as a row of weight 0
+    clone_weights = [weight for row in inputs for *_, weight in row["clone_rows"]]
+    gated = [8 + i for i, weight in enumerate(clone_weights) if weight == 0.0]
+    assert gated and int(mask[gated].sum()) == 0
+    clone_tokens = sum(sum(env_mask) for row in inputs for _, _, env_mask, _ in row["clone_rows"])
+    assert int(batch["num_items_in_batch"]) == int(mask[:8].sum()) + clone_tokens
     # the root rows mask the tool responses: fewer loss tokens than completion tokens
     assert (mask[:8].sum(1) < batch["completion_mask"][:8].sum(1)).any()
     assert all(r != ROLE_PAD or float(a) == 0.0 for a, r in zip(batch["advantages"], roles, strict=True))
@@ -205,7 +210,9 @@ def test_group_weighting_counts_each_episodes_clones_as_one_row(
     count those clones as one row of their mean length, or the clone count still scales the update."""
     trainer = make_trainer(tiny_checkpoint, tmp_path / "run", clone_weighting="group")
     batch, inputs = generation_batch(trainer)
-    per_row = (batch["completion_mask"] * batch["tool_mask"]).sum(1).tolist()
+    # every row's own tokens (a gated row's too, which the loss mask leaves out; see above)
+    per_row = (batch["completion_mask"] * batch["tool_mask"]).sum(1).tolist()[:8]
+    per_row += [sum(env_mask) for item in inputs for _, _, env_mask, _ in item["clone_rows"]]
     roles = batch["row_role"].tolist()
     expected, row = sum(per_row[:8]), 8
     for item in inputs:
@@ -268,6 +275,37 @@ def test_clone_row_loss_equals_trl_compute_loss(tiny_checkpoint: Path, tmp_path:
             assert (ours is None or not ours.any()) and (theirs is None or not theirs.any())
             continue
         torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-3)
+
+
+def test_a_gated_clone_row_adds_no_kl_term(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """With beta > 0 TRL adds a KL term on every loss token whatever the row's advantage; a clone the
+    gate closed (weight 0) must get no gradient at all: moving its reference log-probs (so its KL is
+    not zero) leaves the loss and its gradient as they were, while moving a root's changes them."""
+    trainer = make_trainer(tiny_checkpoint, tmp_path / "run", beta=0.5)
+    batch, inputs = generation_batch(trainer)
+    trainer.current_gradient_accumulation_steps = 1
+    weights = [weight for row in inputs for *_, weight in row["clone_rows"]]
+    gated = [8 + i for i, weight in enumerate(weights) if weight == 0.0]  # clone rows follow the 8 roots
+    assert gated and all(r == ROLE_CLONE for r in batch["row_role"][gated].tolist())
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+
+    def loss_and_grads(rows: list[int]) -> tuple[float, list[torch.Tensor]]:
+        ref = batch["ref_per_token_logps"].clone()
+        ref[rows] -= 1.0
+        loss = trainer._compute_loss(trainer.model, dict(batch, ref_per_token_logps=ref))
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        return float(loss), [
+            torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
+        ]
+
+    base_loss, base_grads = loss_and_grads([])
+    gated_loss, gated_grads = loss_and_grads(gated)
+    assert gated_loss == pytest.approx(base_loss, abs=1e-7)
+    for ours, theirs in zip(gated_grads, base_grads, strict=True):
+        torch.testing.assert_close(ours, theirs)
+    root_loss, root_grads = loss_and_grads([0])
+    assert root_loss > base_loss + 1e-3  # the KL term is live on an ungated row
+    assert any(not torch.allclose(a, b) for a, b in zip(root_grads, base_grads, strict=True))
 
 
 @pytest.mark.slow

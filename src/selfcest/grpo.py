@@ -14,7 +14,8 @@ training loop. This module adds what SELFCEST needs on top:
 
   optionally divided by the episode's clone count (`clone_weighting="group"`), so that a root that
   spawns many clones does not get a larger update. With beta = 0 and w_i >= 0 the clipped
-  surrogate is linear in the advantage, so this is exactly a per-row weight on TRL's own loss.
+  surrogate is linear in the advantage, so this is exactly a per-row weight on TRL's own loss. A
+  clone gated to w_i = 0 also leaves the loss mask, so that with beta > 0 it gets no KL term either.
 - TRL's hidden rules: every rank must hold the same row count (clone rows are padded with
   zero-weight dummy rows to the largest rank), the generation batch must split evenly into
   `steps_per_generation` slices (padded the same way), `num_items_in_batch` is recounted with the
@@ -252,6 +253,11 @@ class SelfcestGRPOTrainer(GRPOTrainer):
         # an episode's clone advantages by its clone count, so its clones count as one row of their
         # mean length there too (otherwise a heavily delegating episode still shrank every update).
         token_shares = [1.0] * roots
+        # A clone the gate closed (weight 0) gets no gradient at all. Its zero advantage takes away its
+        # policy gradient, but with beta > 0 TRL adds the KL term on every token of the loss mask,
+        # whatever the advantage, so its tokens leave the loss mask. They still count in the loss's
+        # denominator, as with beta = 0, where a gated row is a row of weight 0.
+        trained = [1] * roots
         for root_index, rows in enumerate(clone_rows):
             for prompt_ids, completion_ids, env_mask, weight in rows:
                 prompts.append(torch.tensor(prompt_ids, device=device))
@@ -260,6 +266,7 @@ class SelfcestGRPOTrainer(GRPOTrainer):
                 new_advantages.append(advantages[root_index] * weight)
                 roles.append(ROLE_CLONE)
                 token_shares.append(1.0 / len(rows) if self.clone_weighting == "group" else 1.0)
+                trained.append(0 if weight == 0 else 1)
         # Same row count on every rank and a multiple of steps_per_generation: pad with dummy rows
         # that carry no loss token (env mask 0) and no advantage.
         local = torch.tensor([len(prompts)], device=device)
@@ -273,7 +280,9 @@ class SelfcestGRPOTrainer(GRPOTrainer):
             new_advantages.append(advantages.new_zeros(()))
             roles.append(ROLE_PAD)
             token_shares.append(0.0)
+            trained.append(1)  # its env mask is already 0
         pad_id = self.processing_class.pad_token_id
+        row_tokens = pad(env_masks, padding_value=0, padding_side="right")
         new: dict[str, Any] = {
             "prompt_ids": pad(prompts, padding_value=pad_id, padding_side="left"),
             "prompt_mask": pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left"),
@@ -281,11 +290,12 @@ class SelfcestGRPOTrainer(GRPOTrainer):
             "completion_mask": pad(
                 [torch.ones_like(c) for c in completions], padding_value=0, padding_side="right"
             ),
-            "tool_mask": pad(env_masks, padding_value=0, padding_side="right"),
+            "tool_mask": row_tokens
+            * torch.tensor(trained, device=device, dtype=row_tokens.dtype).unsqueeze(1),
             "advantages": torch.stack(new_advantages).to(advantages.dtype),
             "row_role": torch.tensor(roles, device=device),
         }
-        per_row = (new["completion_mask"] * new["tool_mask"]).sum(dim=1).float()
+        per_row = (new["completion_mask"] * row_tokens).sum(dim=1).float()
         loss_tokens = (per_row * torch.tensor(token_shares, device=device)).sum()
         new["num_items_in_batch"] = self.accelerator.gather(loss_tokens).sum()
         for key in ("old_per_token_logps", "ref_per_token_logps"):
