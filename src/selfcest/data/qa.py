@@ -817,10 +817,10 @@ def generate_synthetic(
     """Synthetic multi-hop QA splits. Each split has its own RNG stream (seeded by seed and split
     name). (question, answer) pairs are unique across splits (first split in order wins), so
     changing one split's count leaves the splits before it unchanged, but can change the ones after
-    it: a record whose pair an earlier split now holds (or no longer holds) is skipped (or kept). Question texts do repeat (the
-    2-hop space is ~13 relation paths x 256 names), but every record has its own world and an eval
-    record's answer is never a train answer to the same question, so memorising train answers does
-    not help: the answer has to be read from the context."""
+    it: a record whose pair an earlier split now holds (or no longer holds) is skipped (or kept).
+    Question texts do repeat (the 2-hop space is ~13 relation paths x 256 names), but every record
+    has its own world and an eval record's answer is never a train answer to the same question, so
+    memorising train answers does not help: the answer has to be read from the context."""
     seen: set[str] = set()
     out: dict[str, list[QARecord]] = {}
     for name, spec in splits.items():
