@@ -90,6 +90,22 @@ def test_synthetic_answer_must_be_in_context() -> None:
     assert _reasons(result, bad[0]["id"]) == ["expectation: answer_in_context"]
 
 
+def test_a_yes_no_alias_does_not_exempt_a_gold_that_is_not_yes_no() -> None:
+    """Only a yes/no gold is exempt from answer_in_context: a record whose gold is missing from its
+    supporting paragraphs fails even when an alias is "yes" or "no" (and "no", a substring of most
+    texts, does not count as found either)."""
+    records = copy.deepcopy(generate_synthetic(0, {"train": {"count": 3}})["train"])
+    records[0]["answers"] = ["Zzzz", "yes"]
+    records[1]["answers"] = ["Zzzz", "no"]
+    records[2]["answers"] = ["yes", "Zzzz"]  # a yes/no gold stays exempt
+    support = " ".join(p["text"] for p in records[1]["paragraphs"] if p["supporting"]).lower()
+    assert "no" in support  # so a substring search for the alias would have passed the record
+    result = validate_records(records, LOOSE)
+    assert _reasons(result, records[0]["id"]) == ["expectation: answer_in_context"]
+    assert _reasons(result, records[1]["id"]) == ["expectation: answer_in_context"]
+    assert [r["id"] for r in result.kept] == [records[2]["id"]]
+
+
 def test_threshold_stops_with_file_record_and_expectation(real: list[dict]) -> None:
     recs = copy.deepcopy(real[:10])
     recs[3]["answers"] = [""]

@@ -48,7 +48,7 @@ DEFAULT_LIMITS: dict[str, Any] = {
     "min_num_hops": 1,
     "max_num_hops": 8,
     # Sources whose gold answer (or one of its aliases) must appear verbatim in a supporting
-    # paragraph; yes/no answers are exempt (comparison questions). True for the synthetic generator
+    # paragraph; yes/no golds are exempt (comparison questions). True for the synthetic generator
     # by construction and for every MuSiQue record sampled here (100 of 100 dev, 3 of 3 train).
     "answer_in_context_sources": ["synthetic", "musique"],
 }
@@ -106,13 +106,22 @@ def schema_errors(record: Any) -> list[str]:
 # ---------------------------------------------------------------------------------------- flatten
 
 
+_YES_NO = frozenset({"yes", "no"})
+
+
 def _answer_in_context(answers: Sequence[str], support_text: str) -> bool:
-    """Some gold answer or alias appears in the (lower-cased) supporting text; yes/no and empty
-    golds pass (their own expectations cover empty answers)."""
-    golds = [a.strip().lower() for a in answers if a.strip()]
-    if not golds or any(g in ("yes", "no") for g in golds):
+    """The gold answer or one of its aliases appears in the (lower-cased) supporting text.
+
+    Only the gold decides the yes/no exemption: a comparison question's "yes"/"no" is never written
+    in its paragraphs, but a gold like "Paris" with a stray "yes" alias is an ordinary answer and is
+    checked. Yes/no aliases of such a gold are not searched for, since "no" is a substring of most
+    texts ("not", "north") and would pass any record. An empty gold passes here: `answer_non_empty`
+    quarantines it with its own reason."""
+    gold = answers[0].strip().lower() if answers else ""
+    if not gold or gold in _YES_NO:
         return True
-    return any(g in support_text for g in golds)
+    candidates = [a.strip().lower() for a in answers if a.strip()]
+    return any(a in support_text for a in candidates if a not in _YES_NO)
 
 
 def flatten(records: Sequence[QARecord], limits: Mapping[str, Any] | None = None) -> pd.DataFrame:
