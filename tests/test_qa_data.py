@@ -142,11 +142,24 @@ def test_unknown_supporting_title_and_idx_are_quarantined(tmp_path: Path) -> Non
     assert "question_decomposition[1].paragraph_support_idx" in res.quarantined[0].reasons[0]
 
 
-def test_unanswerable_musique_is_quarantined(tmp_path: Path) -> None:
+def test_unanswerable_musique_is_quarantined_as_unanswerable_not_invalid(tmp_path: Path) -> None:
+    """MuSiQue-Full's contrast questions are sound records kept out by design: quarantined with
+    their own stage and reason, which does not count as invalid. A broken record that is also
+    marked unanswerable is still reported (and counted) as broken."""
     mus = json.loads(MUSIQUE_SUB.read_text(encoding="utf-8"))
     mus[0]["answerable"] = False
+    mus[1]["answerable"] = False
+    del mus[1]["question"]
     res = load_musique(str(_write(tmp_path / "m.json", mus)))
-    assert len(res.records) == 2 and "unanswerable" in res.quarantined[0].reasons[0]
+    assert len(res.records) == 1
+    unanswerable, broken = res.quarantined
+    assert (unanswerable.index, unanswerable.stage, unanswerable.invalid) == (0, "unanswerable", False)
+    assert unanswerable.reasons == [
+        "unanswerable: field 'answerable' is false (a MuSiQue-Full contrast question: its answer is "
+        "not supported by its paragraphs)"
+    ]
+    assert (broken.index, broken.stage, broken.invalid) == (1, "adapter", True)
+    assert "field 'question': missing" in broken.reasons[0]
 
 
 def test_truncated_json_raises_naming_file(tmp_path: Path) -> None:

@@ -196,6 +196,7 @@ def test_stage_end_to_end(tmp_path: Path) -> None:
     assert metrics["sources"]["2wiki_dev/wiki.json"] == {
         "kept": 9,
         "quarantined": 1,
+        "unanswerable": 0,
         "duplicates_merged": 0,
         "invalid_fraction": 0.1,
     }
@@ -269,6 +270,43 @@ def test_real_quarantines_count_under_their_output_split(tmp_path: Path) -> None
     assert [q.split for q in quarantined] == ["wiki_train", "wiki_train"]
     assert metrics["splits"]["wiki_train"]["quarantined"] == 2
     assert metrics["splits"]["train"]["quarantined"] == 0
+
+
+def test_unanswerable_musique_records_are_quarantined_and_counted_but_not_invalid(tmp_path: Path) -> None:
+    """Two of three MuSiQue records marked `answerable: false` are kept out as `unanswerable`; with
+    max_invalid_fraction 0 the stage still goes on (they are not broken), reports their number per
+    file, per split and in all, and leaves them out of the invalid fraction's denominator."""
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import build, render_markdown
+
+    records = json.loads(MUSIQUE.read_text(encoding="utf-8"))[:3]
+    records[0]["answerable"] = records[2]["answerable"] = False
+    path = tmp_path / "mus.json"
+    path.write_text(json.dumps(records), encoding="utf-8")
+    params = _real_only(tmp_path, [{"name": "mus_dev", "format": "musique", "path": str(path)}])
+    params["validation"] = {"max_invalid_fraction": 0.0}
+    splits, quarantined, metrics = build(params)
+    assert [r["id"] for r in splits["mus_dev"]] == [records[1]["id"]]
+    assert [(q.index, q.stage, q.split) for q in quarantined] == [
+        (0, "unanswerable", "mus_dev"),
+        (2, "unanswerable", "mus_dev"),
+    ]
+    source = metrics["sources"]["mus_dev/mus.json"]
+    assert (source["quarantined"], source["unanswerable"], source["invalid_fraction"]) == (2, 2, 0.0)
+    assert (metrics["splits"]["mus_dev"]["quarantined"], metrics["splits"]["mus_dev"]["unanswerable"]) == (
+        2,
+        2,
+    )
+    assert (metrics["quarantined"], metrics["invalid"], metrics["unanswerable"]) == (2, 0, 2)
+    assert metrics["invalid_fraction"] == 0.0
+    assert "0 invalid" in render_markdown(metrics, quarantined)
+
+    # A broken record beside them is judged against the sound ones only: 1 of 2, not 1 of 4.
+    records.append({k: v for k, v in records[1].items() if k != "question"})
+    path.write_text(json.dumps(records), encoding="utf-8")
+    params["validation"] = {"max_invalid_fraction": 0.4}
+    with pytest.raises(QAValidationError, match=r"1/2 records invalid .*#3 .*field 'question': missing"):
+        build(params)
 
 
 def test_a_real_source_may_not_take_a_synthetic_splits_name(tmp_path: Path) -> None:

@@ -88,9 +88,19 @@ class QADataError(ValueError):
         self.record_id = record_id
 
 
+#: Quarantine stages of records kept out by design, not because they are broken: MuSiQue's
+#: unanswerable contrast questions and evaluation records that repeat a training record. They are
+#: quarantined with their reason and counted in the report, but neither count towards
+#: `validation.max_invalid_fraction` nor enter its denominator: a file of sound records stays valid.
+UNANSWERABLE = "unanswerable"
+OVERLAPS_TRAIN = "overlaps_train"
+EXCLUDED_STAGES: frozenset[str] = frozenset({UNANSWERABLE, OVERLAPS_TRAIN})
+
+
 @dataclass
 class Quarantined:
-    """A record kept out of the data set, with why. `stage` is adapter, schema or expectations."""
+    """A record kept out of the data set, with why. `stage` is adapter, schema or expectations
+    (the record is invalid), or one of EXCLUDED_STAGES (it is sound but kept out by design)."""
 
     source: str
     file: str
@@ -100,6 +110,11 @@ class Quarantined:
     stage: str = "adapter"
     split: str = ""
     record: Any = None  # the raw (adapter) or unified (validation) record, for inspection
+
+    @property
+    def invalid(self) -> bool:
+        """True when the record is broken (counts towards max_invalid_fraction)."""
+        return self.stage not in EXCLUDED_STAGES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +135,15 @@ class _RecordError(Exception):
     def __init__(self, field_name: str, message: str):
         super().__init__(f"field {field_name!r}: {message}")
         self.field = field_name
+
+
+class _RecordExcluded(Exception):
+    """Raised inside an adapter for a sound record that is kept out by design (`stage` is one of
+    EXCLUDED_STAGES); turned into a Quarantined item that does not count as invalid."""
+
+    def __init__(self, stage: str, message: str):
+        super().__init__(f"{stage}: {message}")
+        self.stage = stage
 
 
 # ---------------------------------------------------------------------------------------- keys
@@ -329,6 +353,12 @@ def _adapt_file(
         except _RecordError as exc:
             rid = writable(rid)
             result.quarantined.append(Quarantined(source, path, index, rid, [str(exc)], record=writable(raw)))
+        except _RecordExcluded as exc:
+            result.quarantined.append(
+                Quarantined(
+                    source, path, index, writable(rid), [str(exc)], stage=exc.stage, record=writable(raw)
+                )
+            )
     return result
 
 
@@ -455,11 +485,8 @@ def adapt_musique(rec: Mapping[str, Any], *, split: str = "dev", source: str = "
     aliases = _get(rec, "answer_aliases", list, optional=True) or []
     if not all(isinstance(a, str) for a in aliases):
         raise _RecordError("answer_aliases", "expected a list of strings")
-    # MuSiQue-Full mixes in unanswerable contrast questions; their `answer` is not supported by
-    # the context, so training on them as-is would reward hallucination.
+    # Read (and type-checked) here, acted on once the whole record has adapted: see the end.
     answerable = _get(rec, "answerable", bool, optional=True)
-    if answerable is False:
-        raise _RecordError("answerable", "record is marked unanswerable")
     paras = _get(rec, "paragraphs", list)
     titles, texts, idxs, flags = [], [], [], []
     for i, p in enumerate(paras):
@@ -501,6 +528,16 @@ def adapt_musique(rec: Mapping[str, Any], *, split: str = "dev", source: str = "
             )
         hops.append({"question": q, "answer": a, "paragraph_key": key_of_idx[support]})
 
+    # MuSiQue-Full mixes in unanswerable contrast questions by design; their `answer` is not
+    # supported by the context, so training or scoring on them would reward hallucination. They are
+    # kept out as `unanswerable`, not as invalid, and only once the rest of the record adapted, so
+    # that a broken record marked unanswerable is still reported (and counted) as broken.
+    if answerable is False:
+        raise _RecordExcluded(
+            UNANSWERABLE,
+            "field 'answerable' is false (a MuSiQue-Full contrast question: its answer is not "
+            "supported by its paragraphs)",
+        )
     m = re.match(r"^(\dhop\d*)__", rid)
     paragraphs: list[Paragraph] = [
         {"key": k, "title": t, "text": x, "supporting": f}

@@ -9,7 +9,9 @@ Two layers:
    one of the things being checked) and quarantined with the names of the failed expectations.
 
 `validate_records` returns kept records, quarantined items and a report dict, and raises
-`QAValidationError` when the invalid fraction exceeds `max_invalid_fraction`.
+`QAValidationError` when the invalid fraction exceeds `max_invalid_fraction`. Records an adapter
+kept out by design (`selfcest.data.qa.EXCLUDED_STAGES`, e.g. MuSiQue's unanswerable ones) are
+quarantined and counted apart: the invalid fraction is invalid records over the records judged.
 
 GX notes (1.24): the ephemeral context is used so nothing is written under the repo; Data Docs
 need a CDN, so the caller renders its own JSON/Markdown report from `report`.
@@ -28,7 +30,14 @@ from typing import Any
 
 import pandas as pd
 
-from selfcest.data.qa import HOP_FIELDS, PARAGRAPH_FIELDS, RECORD_FIELDS, QARecord, Quarantined
+from selfcest.data.qa import (
+    EXCLUDED_STAGES,
+    HOP_FIELDS,
+    PARAGRAPH_FIELDS,
+    RECORD_FIELDS,
+    QARecord,
+    Quarantined,
+)
 
 log = logging.getLogger(__name__)
 # GX logs every import-time registration at INFO; stage scripts run the root logger at INFO.
@@ -330,9 +339,10 @@ def validate_records(
     `files` and `indices` (one per record) give each record's input file and index in that file
     when records come from several files; by default origin and the position in `records`.
     `prior`: items an adapter already quarantined from the same input; they count towards the
-    invalid fraction and are returned first.
+    invalid fraction (but those of EXCLUDED_STAGES, sound records kept out by design, neither count
+    nor enter its denominator) and are returned first.
 
-    Raises QAValidationError when enforce and quarantined / total > max_invalid_fraction.
+    Raises QAValidationError when enforce and invalid / (total - excluded) > max_invalid_fraction.
     """
     lim = {**DEFAULT_LIMITS, **(limits or {})}
     out = ValidationResult()
@@ -393,12 +403,19 @@ def validate_records(
     out.quarantined = [*prior, *out.quarantined]
 
     total = len(records) + len(prior)
-    invalid_fraction = len(out.quarantined) / total if total else 0.0
+    invalid = [q for q in out.quarantined if q.invalid]
+    judged = total - (len(out.quarantined) - len(invalid))  # excluded records are not judged
+    invalid_fraction = len(invalid) / judged if judged else 0.0
     out.report = {
         "origin": origin,
         "total": total,
         "kept": len(out.kept),
         "quarantined": len(out.quarantined),
+        "invalid": len(invalid),
+        # Sound records kept out by design, per reason (stage): neither invalid nor judged.
+        "excluded": {
+            stage: sum(1 for q in out.quarantined if q.stage == stage) for stage in sorted(EXCLUDED_STAGES)
+        },
         "adapter_failures": sum(1 for q in out.quarantined if q.stage == "adapter"),
         "schema_failures": sum(1 for q in out.quarantined if q.stage == "schema"),
         "expectation_failures": sum(1 for q in out.quarantined if q.stage == "expectations"),
@@ -406,7 +423,7 @@ def validate_records(
         "max_invalid_fraction": lim["max_invalid_fraction"],
         "expectations": expectation_summary(expectations),
     }
-    problem = too_many_invalid(origin, out.quarantined, total, lim["max_invalid_fraction"])
+    problem = too_many_invalid(origin, invalid, judged, lim["max_invalid_fraction"])
     if enforce and problem:
         raise QAValidationError(problem)
     return out
