@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WIKI = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
 WIKI_KAG = BENCH / "2wikimultihopqa" / "kag_2wiki_qa_sub.json"
 MUSIQUE = BENCH / "musique" / "kag_musique_qa_100.json"
+MUSIQUE_SUB = BENCH / "musique" / "kag_musique_qa_sub.json"
 LOOSE = {"max_invalid_fraction": 1.0}
 
 
@@ -197,6 +198,7 @@ def test_stage_end_to_end(tmp_path: Path) -> None:
         "kept": 9,
         "quarantined": 1,
         "unanswerable": 0,
+        "overlaps_train": 0,
         "duplicates_merged": 0,
         "invalid_fraction": 0.1,
     }
@@ -307,6 +309,76 @@ def test_unanswerable_musique_records_are_quarantined_and_counted_but_not_invali
     params["validation"] = {"max_invalid_fraction": 0.4}
     with pytest.raises(QAValidationError, match=r"1/2 records invalid .*#3 .*field 'question': missing"):
         build(params)
+
+
+def test_eval_records_a_training_split_holds_are_quarantined_naming_it(tmp_path: Path) -> None:
+    """musique_dev gets one record with a musique_train id and one with a train record's question
+    and answer up to case, punctuation and spacing: both are kept out of musique_dev as
+    `overlaps_train`, naming musique_train, counted (per file, split and in all) but not as invalid;
+    the training split keeps all its records."""
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import build
+
+    train = json.loads(MUSIQUE_SUB.read_text(encoding="utf-8"))
+    dev = json.loads(MUSIQUE.read_text(encoding="utf-8"))[:4]
+    dev[1]["id"] = train[2]["id"]
+    dev.append({**copy.deepcopy(train[0]), "id": "copy-of-a-train-record"})
+    dev[4]["question"] = "  " + dev[4]["question"].upper().rstrip("?") + " ?"
+    (tmp_path / "train.json").write_text(json.dumps(train), encoding="utf-8")
+    (tmp_path / "dev.json").write_text(json.dumps(dev), encoding="utf-8")
+    sources = [
+        {"name": "mus_dev", "format": "musique", "path": str(tmp_path / "dev.json")},
+        {"name": "mus_train", "format": "musique", "split": "train", "path": str(tmp_path / "train.json")},
+    ]
+    synthetic = {"paragraphs": [10, 12], "splits": {"train": {"count": 5}, "test": {"count": 3}}}
+    params = _real_only(tmp_path, sources, synthetic)
+    params["validation"] = {"max_invalid_fraction": 0.0}
+    splits, quarantined, metrics = build(params)
+
+    assert [r["id"] for r in splits["mus_dev"]] == [dev[i]["id"] for i in (0, 2, 3)]
+    assert len(splits["mus_train"]) == 3 and len(splits["test"]) == 3
+    assert [(q.index, q.record_id, q.stage, q.split) for q in quarantined] == [
+        (1, train[2]["id"], "overlaps_train", "mus_dev"),
+        (4, "copy-of-a-train-record", "overlaps_train", "mus_dev"),
+    ]
+    assert quarantined[0].reasons == [
+        f"overlaps_train: id {train[2]['id']!r} is also in training split 'mus_train'"
+    ]
+    assert quarantined[1].reasons == [
+        "overlaps_train: question and answer (normalised) are also in training split 'mus_train' "
+        f"(record {train[0]['id']!r})"
+    ]
+    assert quarantined[1].file == str(tmp_path / "dev.json")
+    assert metrics["sources"]["mus_dev/dev.json"] == {
+        "kept": 3,
+        "quarantined": 2,
+        "unanswerable": 0,
+        "overlaps_train": 2,
+        "duplicates_merged": 0,
+        "invalid_fraction": 0.0,
+    }
+    assert metrics["splits"]["mus_dev"]["overlaps_train"] == 2 and metrics["splits"]["mus_dev"]["kept"] == 3
+    assert metrics["splits"]["test"]["overlaps_train"] == 0
+    assert (metrics["overlaps_train"], metrics["invalid"], metrics["invalid_fraction"]) == (2, 0, 0.0)
+
+
+def test_synthetic_eval_records_are_checked_against_the_synthetic_train_split() -> None:
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import is_train_split, quarantine_train_overlaps
+
+    assert [is_train_split(n) for n in ("train", "musique_train", "2wiki-train")] == [True] * 3
+    assert [is_train_split(n) for n in ("validation", "test", "ood", "musique_dev", "retrain")] == [False] * 5
+    generated = generate_synthetic(0, {"train": {"count": 5}, "test": {"count": 3}})
+    leak = {**copy.deepcopy(generated["train"][2]), "id": "synth-test-99999"}
+    leak["question"] = leak["question"].lower()
+    splits = {"train": list(generated["train"]), "test": [*generated["test"], leak]}
+    where = {id(r): (f"synthetic/{name}", i) for name, rs in splits.items() for i, r in enumerate(rs)}
+    out = quarantine_train_overlaps(splits, where)
+    assert [(q.file, q.index, q.record_id, q.split) for q in out] == [
+        ("synthetic/test", 3, leak["id"], "test")
+    ]
+    assert f"training split 'train' (record {generated['train'][2]['id']!r})" in out[0].reasons[0]
+    assert splits == {"train": generated["train"], "test": generated["test"]}
 
 
 def test_a_real_source_may_not_take_a_synthetic_splits_name(tmp_path: Path) -> None:
