@@ -50,7 +50,7 @@ from selfcest.data.qa import (  # noqa: E402
     split_config,
     type_guess_accuracy,
 )
-from selfcest.data.validation import validate_records  # noqa: E402
+from selfcest.data.validation import check_limits, validate_records  # noqa: E402
 from stages.common import PARAMS_FILE, load_params, resolve_source, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("prepare_qa")
@@ -149,6 +149,7 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
     """Everything but the writing: (kept splits, quarantined, metrics)."""
     qa = params["qa"]
     limits = params.get("validation") or {}
+    check_limits(limits)  # before any generating or reading: a bad setting fails at once, naming itself
     splits: dict[str, list[QARecord]] = {}
     quarantined: list[Quarantined] = []
     metrics: dict[str, Any] = {"sources": {}, "splits": {}, "expectations": {}}
@@ -167,7 +168,9 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
         defaults = {
             k: v for k, v in syn.items() if k in ("hops", "paragraphs", "filler_sentences", "extra_entities")
         }
-        configs = {name: split_config(spec, defaults) for name, spec in (syn.get("splits") or {}).items()}
+        configs = {
+            name: split_config(spec, defaults, name=name) for name, spec in (syn.get("splits") or {}).items()
+        }
         generated = generate_synthetic(int(qa["seed"]), configs)
         for name, records in generated.items():
             result = validate_records(records, limits, origin=f"synthetic/{name}", source="synthetic")

@@ -238,8 +238,47 @@ def test_an_impossible_synthetic_setting_raises_instead_of_looping() -> None:
     impossible = {"train": {"count": 1, "paragraphs": [18, 18], "extra_entities": 0}}
     with pytest.raises(ValueError, match=r"synthetic split 'train', record 0: no world of 18 \+ 0 entities"):
         generate_synthetic(3, impossible)
-    with pytest.raises(ValueError, match="extra_entities must be >= 0"):
+    with pytest.raises(
+        ValueError, match=r"qa\.synthetic\.splits\.train\.extra_entities: expected an integer >= 0"
+    ):
         generate_synthetic(3, {"train": {"count": 1, "extra_entities": -1}})
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"count": 5, "hops": [3, 2]}, r"qa\.synthetic\.splits\.ood\.hops: the range \[3, 2\] is empty"),
+        (
+            {"count": 5, "paragraphs": [9, 4]},
+            r"qa\.synthetic\.splits\.ood\.paragraphs: the range \[9, 4\] is empty",
+        ),
+        ({"count": 5, "filler_sentences": [-1, 0]}, r"splits\.ood\.filler_sentences: .* must not go below 0"),
+        ({"count": 5, "hops": [0, 0]}, r"splits\.ood\.hops: .* must not go below 1"),
+        ({"count": 5, "hops": [1, 2, 3]}, r"splits\.ood\.hops: expected an integer or an inclusive range"),
+        ({"count": -3}, r"qa\.synthetic\.splits\.ood\.count: expected an integer >= 1, got -3"),
+        ({"hops": 2}, r"qa\.synthetic\.splits\.ood\.count: missing"),
+        ({"count": 5, "hop": [3, 3]}, r"unknown synthetic QA setting qa\.synthetic\.splits\.ood\.hop "),
+        (
+            {"count": 5, "paragraphs": [2, 9], "hops": [2, 3]},
+            r"splits\.ood\.paragraphs: min 2 is below the 3 paragraphs that the 3 hops "
+            r"qa\.synthetic\.splits\.ood\.hops allows need",
+        ),
+    ],
+)
+def test_a_bad_synthetic_setting_is_a_value_error_naming_its_path(spec: dict, message: str) -> None:
+    """Settings that used to fail inside `random` ("empty range for randrange()") or an unpacking,
+    naming nothing, or only on an unlucky draw, now fail at once naming the setting."""
+    with pytest.raises(ValueError, match=message):
+        generate_synthetic(3, {"ood": spec})
+
+
+def test_a_bad_inherited_synthetic_default_names_the_default_and_the_split() -> None:
+    from selfcest.data.qa import split_config
+
+    with pytest.raises(
+        ValueError, match=r"^qa\.synthetic\.hops \(the default split 'train' inherits\): the range"
+    ):
+        split_config({"count": 5}, {"hops": [3, 2]}, name="train")
 
 
 def test_an_s3_endpoint_from_the_environment_is_kept_beside_other_client_options(

@@ -107,6 +107,42 @@ def test_a_yes_no_alias_does_not_exempt_a_gold_that_is_not_yes_no() -> None:
     assert [r["id"] for r in result.kept] == [records[2]["id"]]
 
 
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        (
+            {"min_paragraphs": 10, "max_paragraphs": 4},
+            r"validation\.min_paragraphs \(10\) > validation\.max_paragraphs \(4\)",
+        ),
+        ({"max_num_hops": 0}, r"validation\.min_num_hops \(1\) > validation\.max_num_hops \(0\)"),
+        ({"max_answer_chars": -1}, r"validation\.max_answer_chars: expected an integer >= 0, got -1"),
+        (
+            {"max_invalid_fraction": 5},
+            r"validation\.max_invalid_fraction: expected a number in \[0, 1\], got 5",
+        ),
+        ({"max_invalid_fration": 0.1}, r"unknown QA validation setting validation\.max_invalid_fration"),
+    ],
+)
+def test_a_bad_validation_setting_is_a_value_error_naming_it(limits: dict, message: str) -> None:
+    """min > max used to quarantine every record and stop the stage blaming the data; a typo kept
+    the default silently."""
+    records = generate_synthetic(0, {"train": {"count": 2}})["train"]
+    with pytest.raises(ValueError, match=message):
+        validate_records(records, limits)
+
+
+def test_the_stage_names_a_bad_split_range_before_generating(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import build
+
+    synthetic = {
+        "paragraphs": [10, 12],
+        "splits": {"train": {"count": 5}, "ood": {"count": 5, "hops": [3, 2]}},
+    }
+    with pytest.raises(ValueError, match=r"^qa\.synthetic\.splits\.ood\.hops: the range \[3, 2\] is empty"):
+        build(_real_only(tmp_path, [], synthetic))
+
+
 def test_threshold_stops_with_file_record_and_expectation(real: list[dict]) -> None:
     recs = copy.deepcopy(real[:10])
     recs[3]["answers"] = [""]

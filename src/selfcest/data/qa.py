@@ -824,28 +824,84 @@ def synthetic_record(rng: random.Random, cfg: SyntheticSplitConfig, *, split: st
     }
 
 
-def _range(value: Any, default: tuple[int, int]) -> tuple[int, int]:
-    if value is None:
-        return default
-    if isinstance(value, int):
-        return (value, value)
-    lo, hi = value
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # YAML's true/false are not counts
+
+
+def _setting_int(value: Any, where: str, *, minimum: int) -> int:
+    """One integer setting, at least `minimum`; otherwise a ValueError naming the setting."""
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _setting_range(value: Any, where: str, *, minimum: int) -> tuple[int, int]:
+    """An inclusive range setting, `[min, max]` or one integer for both, with minimum <= min <= max.
+    Checked here because a bad one would otherwise surface as random's "empty range for
+    randrange()" or an unpacking error, naming no setting."""
+    pair = (value, value) if _is_int(value) else value
+    if not isinstance(pair, list | tuple) or len(pair) != 2 or not all(_is_int(v) for v in pair):
+        raise ValueError(
+            f"{where}: expected an integer or an inclusive range [min, max] of integers, got {value!r}"
+        )
+    lo, hi = pair
+    if lo > hi:
+        raise ValueError(f"{where}: the range [{lo}, {hi}] is empty (min {lo} > max {hi})")
+    if lo < minimum:
+        raise ValueError(f"{where}: the range [{lo}, {hi}] must not go below {minimum}")
     return (int(lo), int(hi))
 
 
-def split_config(spec: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> SyntheticSplitConfig:
+_SPLIT_DEFAULTS = SyntheticSplitConfig(count=1)
+
+
+def split_config(
+    spec: Mapping[str, Any],
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    name: str = "<split>",
+    prefix: str = "qa.synthetic",
+) -> SyntheticSplitConfig:
+    """One synthetic split's settings (`spec`, over the section's `defaults`), checked: a bad value
+    raises ValueError naming its setting path, `<prefix>.splits.<name>.<field>` for the split's own
+    value or `<prefix>.<field>` for a default it inherits."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{prefix}.splits.{name}: expected a mapping of settings, got {spec!r}")
+    fields = set(asdict(_SPLIT_DEFAULTS))
     merged = {**(defaults or {}), **spec}
-    if int(merged.get("extra_entities", 4)) < 0:
-        raise ValueError(f"synthetic QA: extra_entities must be >= 0, got {merged['extra_entities']}")
-    if int(merged["count"]) < 1:
-        raise ValueError(f"synthetic QA: a split's count must be >= 1, got {merged['count']}")
-    return SyntheticSplitConfig(
-        count=int(merged["count"]),
-        hops=_range(merged.get("hops"), (2, 2)),
-        paragraphs=_range(merged.get("paragraphs"), (10, 16)),
-        filler_sentences=_range(merged.get("filler_sentences"), (1, 2)),
-        extra_entities=int(merged.get("extra_entities", 4)),
+    unknown = sorted(set(merged) - fields)
+    if unknown:
+        where = [f"{prefix}.splits.{name}.{k}" if k in spec else f"{prefix}.{k}" for k in unknown]
+        raise ValueError(
+            f"unknown synthetic QA setting {', '.join(where)} (known: {', '.join(sorted(fields))})"
+        )
+
+    def where(field_name: str) -> str:
+        if field_name in spec:
+            return f"{prefix}.splits.{name}.{field_name}"
+        return f"{prefix}.{field_name} (the default split {name!r} inherits)"
+
+    def value(field_name: str) -> Any:
+        return merged.get(field_name, getattr(_SPLIT_DEFAULTS, field_name))
+
+    if "count" not in merged:
+        raise ValueError(f"{prefix}.splits.{name}.count: missing")
+    cfg = SyntheticSplitConfig(
+        count=_setting_int(merged["count"], where("count"), minimum=1),
+        hops=_setting_range(value("hops"), where("hops"), minimum=1),
+        paragraphs=_setting_range(value("paragraphs"), where("paragraphs"), minimum=1),
+        filler_sentences=_setting_range(value("filler_sentences"), where("filler_sentences"), minimum=0),
+        extra_entities=_setting_int(value("extra_entities"), where("extra_entities"), minimum=0),
     )
+    # Every hop's subject needs its own paragraph; checked here so that a setting that fails only
+    # when a draw pairs few paragraphs with many hops fails at once, naming both settings.
+    if cfg.paragraphs[0] < cfg.hops[1]:
+        raise ValueError(
+            f"{where('paragraphs')}: min {cfg.paragraphs[0]} is below the {cfg.hops[1]} paragraphs that "
+            f"the {cfg.hops[1]} hops {where('hops')} allows need (one per hop); raise the paragraphs' "
+            "min or lower the hops' max"
+        )
+    return cfg
 
 
 def generate_synthetic(
@@ -861,7 +917,8 @@ def generate_synthetic(
     seen: set[str] = set()
     out: dict[str, list[QARecord]] = {}
     for name, spec in splits.items():
-        cfg = spec if isinstance(spec, SyntheticSplitConfig) else split_config(spec)
+        # A config built in code is checked as settings are, so a bad range fails naming its split.
+        cfg = split_config(asdict(spec) if isinstance(spec, SyntheticSplitConfig) else spec, name=name)
         rng = random.Random(f"selfcest-qa:{seed}:{name}")
         records: list[QARecord] = []
         attempts = 0

@@ -63,6 +63,50 @@ DEFAULT_LIMITS: dict[str, Any] = {
 }
 
 
+#: Inclusive (min, max) pairs among the limits: min > max would quarantine every record.
+LIMIT_RANGES = (
+    ("min_paragraphs", "max_paragraphs"),
+    ("min_question_chars", "max_question_chars"),
+    ("min_num_hops", "max_num_hops"),
+)
+
+
+def check_limits(limits: Mapping[str, Any], prefix: str = "validation") -> dict[str, Any]:
+    """`limits` over DEFAULT_LIMITS, checked: an unknown name (a typo would silently keep the
+    default), a count that is not a non-negative integer, a fraction outside [0, 1] or a range with
+    min > max (which would quarantine every record and stop the stage blaming the data) raises a
+    ValueError naming the setting `<prefix>.<name>`."""
+    unknown = sorted(set(limits) - set(DEFAULT_LIMITS))
+    if unknown:
+        names = ", ".join(f"{prefix}.{k}" for k in unknown)
+        raise ValueError(
+            f"unknown QA validation setting {names} (known: {', '.join(sorted(DEFAULT_LIMITS))})"
+        )
+    lim = {**DEFAULT_LIMITS, **limits}
+    fraction = lim["max_invalid_fraction"]
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction <= 1:
+        raise ValueError(f"{prefix}.max_invalid_fraction: expected a number in [0, 1], got {fraction!r}")
+    counts = [n for n in lim if n.startswith(("min_", "max_")) and n != "max_invalid_fraction"]
+    for name in counts:
+        value = lim[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{prefix}.{name}: expected an integer >= 0, got {value!r}")
+    for lo, hi in LIMIT_RANGES:
+        if lim[lo] > lim[hi]:
+            raise ValueError(
+                f"{prefix}.{lo} ({lim[lo]}) > {prefix}.{hi} ({lim[hi]}): the inclusive range is empty, "
+                "so every record would be quarantined"
+            )
+    sources = lim["answer_in_context_sources"]
+    if sources is not None and (
+        not isinstance(sources, list) or not all(isinstance(x, str) for x in sources)
+    ):
+        raise ValueError(
+            f"{prefix}.answer_in_context_sources: expected a list of source names, got {sources!r}"
+        )
+    return lim
+
+
 class QAValidationError(RuntimeError):
     """Too many invalid records: names the file, the first offending record and expectation."""
 
@@ -342,9 +386,10 @@ def validate_records(
     invalid fraction (but those of EXCLUDED_STAGES, sound records kept out by design, neither count
     nor enter its denominator) and are returned first.
 
-    Raises QAValidationError when enforce and invalid / (total - excluded) > max_invalid_fraction.
+    Raises QAValidationError when enforce and invalid / (total - excluded) > max_invalid_fraction,
+    and ValueError naming the setting when `limits` are not sound (`check_limits`).
     """
-    lim = {**DEFAULT_LIMITS, **(limits or {})}
+    lim = check_limits(limits or {})
     out = ValidationResult()
 
     def file_of(index: int) -> str:
