@@ -4,7 +4,11 @@ Outputs (paths relative to the working directory):
   data/qa/                   `DatasetDict.save_to_disk`: synthetic train/validation/test/ood plus one
                              split per real source name (e.g. 2wiki_dev, musique_dev)
   data/qa/<split>.jsonl      canonical JSON lines of the kept records (byte-stable)
-  data/qa/quarantine.jsonl   every record kept out, with file, index, id and reasons
+  data/qa/quarantine.jsonl   every record kept out, with file, index, id and reasons: invalid ones
+                             (stage adapter, schema or expectations) and sound ones kept out by
+                             design (stage `unanswerable`: MuSiQue's contrast questions; stage
+                             `overlaps_train`: evaluation records a training split also holds), which
+                             are counted apart and not towards `validation.max_invalid_fraction`
   reports/qa_validation.json counts per source and split, invalid fractions, expectations (DVC metrics)
   reports/qa_validation.md   the same for humans (GX Data Docs need a CDN, so we write our own)
 
@@ -23,7 +27,9 @@ import logging
 import shutil
 import sys
 import time
+import unicodedata
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from selfcest.data.qa import (  # noqa: E402
+    OVERLAPS_TRAIN,
+    UNANSWERABLE,
     QADataError,
     QARecord,
     Quarantined,
@@ -42,7 +50,7 @@ from selfcest.data.qa import (  # noqa: E402
     split_config,
     type_guess_accuracy,
 )
-from selfcest.data.validation import validate_records  # noqa: E402
+from selfcest.data.validation import check_limits, validate_records  # noqa: E402
 from stages.common import PARAMS_FILE, load_params, resolve_source, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("prepare_qa")
@@ -78,13 +86,75 @@ def _features() -> Any:
     )
 
 
+def is_train_split(name: str) -> bool:
+    """Training splits are the synthetic `train` and real ones named `<something>_train` (e.g.
+    `musique_train`); every other split (validation, test, ood, 2wiki_dev, musique_dev, ...) is
+    evaluated on, so it must not share records with them."""
+    return name == "train" or name.endswith(("_train", "-train"))
+
+
+def normalised(text: str) -> str:
+    """Case, Unicode form, punctuation and spacing folded away: "St. Louis?" and "st  louis" match."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    spaced = "".join(" " if unicodedata.category(ch).startswith("P") else ch for ch in folded)
+    return " ".join(spaced.split())
+
+
+def quarantine_train_overlaps(
+    splits: dict[str, list[QARecord]], where: Mapping[int, tuple[str, int]]
+) -> list[Quarantined]:
+    """Take out of every evaluation split the records whose id, or whose normalised question and
+    gold answer, a training split also holds (contamination: a model trained on that split has seen
+    them), and return them quarantined as `overlaps_train`, naming the training split and its
+    record. `where` maps id(record) to its (file, index) for the quarantine entry. Training splits
+    are not checked against each other, nor evaluation splits against each other."""
+    by_id: dict[str, str] = {}
+    by_pair: dict[tuple[str, str], tuple[str, str]] = {}
+    for name, records in splits.items():
+        if is_train_split(name):
+            for r in records:
+                by_id.setdefault(r["id"], name)  # the first training split in order is named
+                by_pair.setdefault((normalised(r["question"]), normalised(r["answers"][0])), (name, r["id"]))
+    out: list[Quarantined] = []
+    for name, records in splits.items():
+        if is_train_split(name):
+            continue
+        kept: list[QARecord] = []
+        for r in records:
+            reasons = []
+            if r["id"] in by_id:
+                reasons.append(
+                    f"{OVERLAPS_TRAIN}: id {r['id']!r} is also in training split {by_id[r['id']]!r}"
+                )
+            pair = by_pair.get((normalised(r["question"]), normalised(r["answers"][0])))
+            if pair:
+                reasons.append(
+                    f"{OVERLAPS_TRAIN}: question and answer (normalised) are also in training split "
+                    f"{pair[0]!r} (record {pair[1]!r})"
+                )
+            if not reasons:
+                kept.append(r)
+                continue
+            file, index = where[id(r)]
+            out.append(
+                Quarantined(
+                    r["source"], file, index, r["id"], reasons, stage=OVERLAPS_TRAIN, split=name, record=r
+                )
+            )
+        splits[name] = kept
+    return out
+
+
 def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quarantined], dict[str, Any]]:
     """Everything but the writing: (kept splits, quarantined, metrics)."""
     qa = params["qa"]
     limits = params.get("validation") or {}
+    check_limits(limits)  # before any generating or reading: a bad setting fails at once, naming itself
     splits: dict[str, list[QARecord]] = {}
     quarantined: list[Quarantined] = []
     metrics: dict[str, Any] = {"sources": {}, "splits": {}, "expectations": {}}
+    where: dict[int, tuple[str, int]] = {}  # id(kept record) -> (file, index): for the overlap check
+    source_key: dict[tuple[str, str], str] = {}  # (split, file) -> its key in metrics["sources"]
 
     def merge_expectations(name: str, report: dict[str, Any]) -> None:
         for exp, res in report["expectations"].items():
@@ -98,16 +168,22 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
         defaults = {
             k: v for k, v in syn.items() if k in ("hops", "paragraphs", "filler_sentences", "extra_entities")
         }
-        configs = {name: split_config(spec, defaults) for name, spec in (syn.get("splits") or {}).items()}
+        configs = {
+            name: split_config(spec, defaults, name=name) for name, spec in (syn.get("splits") or {}).items()
+        }
         generated = generate_synthetic(int(qa["seed"]), configs)
         for name, records in generated.items():
             result = validate_records(records, limits, origin=f"synthetic/{name}", source="synthetic")
             splits[name] = result.kept
+            where.update({id(r): (f"synthetic/{name}", index) for index, r in enumerate(records)})
+            source_key[(name, f"synthetic/{name}")] = f"synthetic/{name}"
             quarantined += result.quarantined
             merge_expectations(name, result.report)
             metrics["sources"][f"synthetic/{name}"] = {
                 "kept": len(result.kept),
                 "quarantined": len(result.quarantined),
+                UNANSWERABLE: result.report["excluded"][UNANSWERABLE],
+                OVERLAPS_TRAIN: 0,  # counted once every split is in
                 "invalid_fraction": result.report["invalid_fraction"],
             }
 
@@ -166,27 +242,43 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
                 indices=indices,
             )
             splits[split_name] = result.kept
+            where.update({id(r): (f, i) for r, f, i in zip(records, files, indices, strict=True)})
             for q in result.quarantined:  # the expectations' quarantines carry the record's own split
                 q.split = split_name
             quarantined += result.quarantined
             merge_expectations(split_name, result.report)
             q_by_file = Counter(q.file for q in result.quarantined)
+            invalid_by_file = Counter(q.file for q in result.quarantined if q.invalid)
+            unanswerable_by_file = Counter(q.file for q in result.quarantined if q.stage == UNANSWERABLE)
             kept_ids = {id(r) for r in result.kept}  # identity: kept holds the same objects
             kept_by_file = Counter(f for f, r in zip(files, records, strict=True) if id(r) in kept_ids)
             names = Counter(Path(path).name for path in per_file)
             for path, stats in per_file.items():
                 # The file's name, or its whole path where two of the split's files share a name.
                 name = Path(path).name if names[Path(path).name] == 1 else path
+                source_key[(split_name, path)] = f"{split_name}/{name}"
+                # Records kept out by design (unanswerable) are not judged, as in validate_records.
+                judged = stats["records"] - (q_by_file[path] - invalid_by_file[path])
                 metrics["sources"][f"{split_name}/{name}"] = {
                     "kept": kept_by_file[path],
                     "quarantined": q_by_file[path],
+                    UNANSWERABLE: unanswerable_by_file[path],
+                    OVERLAPS_TRAIN: 0,  # counted once every split is in
                     "duplicates_merged": stats["duplicates_merged"],
-                    "invalid_fraction": q_by_file[path] / stats["records"] if stats["records"] else 0.0,
+                    "invalid_fraction": invalid_by_file[path] / judged if judged else 0.0,
                 }
 
-    # ---- per-split summary and a leakage check (eval questions seen in train)
-    train_sigs = {(r["question"], r["answers"][0]) for r in splits.get("train", [])}
-    train_questions = {r["question"] for r in splits.get("train", [])}
+    # ---- contamination: evaluation records that a training split also holds are kept out
+    overlaps = quarantine_train_overlaps(splits, where)
+    for q in overlaps:
+        entry = metrics["sources"][source_key[(q.split, q.file)]]
+        entry["kept"] -= 1
+        entry["quarantined"] += 1
+        entry[OVERLAPS_TRAIN] += 1
+    quarantined += overlaps
+
+    # ---- per-split summary
+    train_questions = {r["question"] for name, rs in splits.items() if is_train_split(name) for r in rs}
     for name, records in splits.items():
         n_par = [len(r["paragraphs"]) for r in records] or [0]
         hops = [r["num_hops"] for r in records] or [0]
@@ -194,6 +286,8 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
         metrics["splits"][name] = {
             "kept": len(records),
             "quarantined": sum(1 for q in quarantined if q.split == name),
+            UNANSWERABLE: sum(1 for q in quarantined if q.split == name and q.stage == UNANSWERABLE),
+            OVERLAPS_TRAIN: sum(1 for q in overlaps if q.split == name),
             "paragraphs_min": min(n_par),
             "paragraphs_max": max(n_par),
             "num_hops_min": min(hops),
@@ -201,25 +295,26 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
             "context_chars_mean": round(sum(chars) / len(chars), 1),
             "context_chars_max": max(chars),
             "sha256": records_sha256(records),
-            # (question, answer) pairs seen in train: 0 by construction for the synthetic splits.
-            "in_train": 0
-            if name == "train"
-            else sum(1 for r in records if (r["question"], r["answers"][0]) in train_sigs),
-            # Question texts seen in train, with another answer (each record has its own world):
-            # memorising train answers does not help, reading the context does.
+            # Question texts of a training split, with another answer (a record with the same answer
+            # overlaps and is kept out; each synthetic record has its own world): memorising train
+            # answers does not help, reading the context does.
             "question_in_train": 0
-            if name == "train"
+            if is_train_split(name)
             else sum(1 for r in records if r["question"] in train_questions),
             # A reader that guesses the most-mentioned entity of the answer's type (synthetic only):
             # the accuracy a method must beat to show it follows the chain.
             "type_guess_accuracy": type_guess_accuracy(records),
         }
     total_kept = sum(len(v) for v in splits.values())
-    total = total_kept + len(quarantined)
+    invalid = sum(1 for q in quarantined if q.invalid)
+    judged = total_kept + invalid  # records kept out by design are not judged
     metrics.update(
         kept=total_kept,
         quarantined=len(quarantined),
-        invalid_fraction=len(quarantined) / total if total else 0.0,
+        invalid=invalid,
+        unanswerable=sum(1 for q in quarantined if q.stage == UNANSWERABLE),
+        overlaps_train=len(overlaps),
+        invalid_fraction=invalid / judged if judged else 0.0,
         max_invalid_fraction=float((limits or {}).get("max_invalid_fraction", 0.05)),
     )
     return splits, quarantined, metrics
@@ -236,33 +331,37 @@ def render_markdown(metrics: dict[str, Any], quarantined: list[Quarantined]) -> 
         "Generated by `stages/prepare_qa.py` (Great Expectations suite in "
         "`src/selfcest/data/validation.py`); do not edit by hand.",
         "",
-        f"Kept {metrics['kept']} records, quarantined {metrics['quarantined']} "
-        f"(invalid fraction {metrics['invalid_fraction']:.2%}, stop above "
-        f"{metrics['max_invalid_fraction']:.2%}).",
+        f"Kept {metrics['kept']} records, quarantined {metrics['quarantined']}: "
+        f"{metrics['invalid']} invalid (invalid fraction {metrics['invalid_fraction']:.2%}, stop above "
+        f"{metrics['max_invalid_fraction']:.2%}), {metrics['unanswerable']} unanswerable (MuSiQue's "
+        f"contrast questions) and {metrics['overlaps_train']} evaluation records that a training split "
+        "also holds (same id, or same normalised question and answer); the last two are kept out by "
+        "design and not counted as invalid.",
         "",
         "## Sources",
         "",
-        "| source | kept | quarantined | duplicates merged | invalid fraction |",
-        "|---|---|---|---|---|",
+        "| source | kept | quarantined | unanswerable | overlaps train | duplicates merged | invalid fraction |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, s in metrics["sources"].items():
         lines.append(
-            f"| {name} | {s['kept']} | {s['quarantined']} | {s.get('duplicates_merged', 0)} | "
-            f"{s['invalid_fraction']:.2%} |"
+            f"| {name} | {s['kept']} | {s['quarantined']} | {s[UNANSWERABLE]} | {s[OVERLAPS_TRAIN]} | "
+            f"{s.get('duplicates_merged', 0)} | {s['invalid_fraction']:.2%} |"
         )
     lines += [
         "",
         "## Splits",
         "",
-        "| split | kept | quarantined | paragraphs | hops | context chars (mean / max) | (question, answer) in train "
-        "| question text in train | type-guess accuracy | sha256 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| split | kept | quarantined | unanswerable | overlaps train (kept out) | paragraphs | hops "
+        "| context chars (mean / max) | question text in train | type-guess accuracy | sha256 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in metrics["splits"].items():
         lines.append(
-            f"| {name} | {s['kept']} | {s['quarantined']} | {s['paragraphs_min']}-{s['paragraphs_max']} | "
+            f"| {name} | {s['kept']} | {s['quarantined']} | {s[UNANSWERABLE]} | {s[OVERLAPS_TRAIN]} | "
+            f"{s['paragraphs_min']}-{s['paragraphs_max']} | "
             f"{s['num_hops_min']}-{s['num_hops_max']} | {s['context_chars_mean']} / {s['context_chars_max']} | "
-            f"{s['in_train']} | {s['question_in_train']} | {_guess(s.get('type_guess_accuracy'))} | "
+            f"{s['question_in_train']} | {_guess(s.get('type_guess_accuracy'))} | "
             f"`{s['sha256'][:16]}` |"
         )
     lines += [

@@ -142,11 +142,24 @@ def test_unknown_supporting_title_and_idx_are_quarantined(tmp_path: Path) -> Non
     assert "question_decomposition[1].paragraph_support_idx" in res.quarantined[0].reasons[0]
 
 
-def test_unanswerable_musique_is_quarantined(tmp_path: Path) -> None:
+def test_unanswerable_musique_is_quarantined_as_unanswerable_not_invalid(tmp_path: Path) -> None:
+    """MuSiQue-Full's contrast questions are sound records kept out by design: quarantined with
+    their own stage and reason, which does not count as invalid. A broken record that is also
+    marked unanswerable is still reported (and counted) as broken."""
     mus = json.loads(MUSIQUE_SUB.read_text(encoding="utf-8"))
     mus[0]["answerable"] = False
+    mus[1]["answerable"] = False
+    del mus[1]["question"]
     res = load_musique(str(_write(tmp_path / "m.json", mus)))
-    assert len(res.records) == 2 and "unanswerable" in res.quarantined[0].reasons[0]
+    assert len(res.records) == 1
+    unanswerable, broken = res.quarantined
+    assert (unanswerable.index, unanswerable.stage, unanswerable.invalid) == (0, "unanswerable", False)
+    assert unanswerable.reasons == [
+        "unanswerable: field 'answerable' is false (a MuSiQue-Full contrast question: its answer is "
+        "not supported by its paragraphs)"
+    ]
+    assert (broken.index, broken.stage, broken.invalid) == (1, "adapter", True)
+    assert "field 'question': missing" in broken.reasons[0]
 
 
 def test_truncated_json_raises_naming_file(tmp_path: Path) -> None:
@@ -225,8 +238,47 @@ def test_an_impossible_synthetic_setting_raises_instead_of_looping() -> None:
     impossible = {"train": {"count": 1, "paragraphs": [18, 18], "extra_entities": 0}}
     with pytest.raises(ValueError, match=r"synthetic split 'train', record 0: no world of 18 \+ 0 entities"):
         generate_synthetic(3, impossible)
-    with pytest.raises(ValueError, match="extra_entities must be >= 0"):
+    with pytest.raises(
+        ValueError, match=r"qa\.synthetic\.splits\.train\.extra_entities: expected an integer >= 0"
+    ):
         generate_synthetic(3, {"train": {"count": 1, "extra_entities": -1}})
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"count": 5, "hops": [3, 2]}, r"qa\.synthetic\.splits\.ood\.hops: the range \[3, 2\] is empty"),
+        (
+            {"count": 5, "paragraphs": [9, 4]},
+            r"qa\.synthetic\.splits\.ood\.paragraphs: the range \[9, 4\] is empty",
+        ),
+        ({"count": 5, "filler_sentences": [-1, 0]}, r"splits\.ood\.filler_sentences: .* must not go below 0"),
+        ({"count": 5, "hops": [0, 0]}, r"splits\.ood\.hops: .* must not go below 1"),
+        ({"count": 5, "hops": [1, 2, 3]}, r"splits\.ood\.hops: expected an integer or an inclusive range"),
+        ({"count": -3}, r"qa\.synthetic\.splits\.ood\.count: expected an integer >= 1, got -3"),
+        ({"hops": 2}, r"qa\.synthetic\.splits\.ood\.count: missing"),
+        ({"count": 5, "hop": [3, 3]}, r"unknown synthetic QA setting qa\.synthetic\.splits\.ood\.hop "),
+        (
+            {"count": 5, "paragraphs": [2, 9], "hops": [2, 3]},
+            r"splits\.ood\.paragraphs: min 2 is below the 3 paragraphs that the 3 hops "
+            r"qa\.synthetic\.splits\.ood\.hops allows need",
+        ),
+    ],
+)
+def test_a_bad_synthetic_setting_is_a_value_error_naming_its_path(spec: dict, message: str) -> None:
+    """Settings that used to fail inside `random` ("empty range for randrange()") or an unpacking,
+    naming nothing, or only on an unlucky draw, now fail at once naming the setting."""
+    with pytest.raises(ValueError, match=message):
+        generate_synthetic(3, {"ood": spec})
+
+
+def test_a_bad_inherited_synthetic_default_names_the_default_and_the_split() -> None:
+    from selfcest.data.qa import split_config
+
+    with pytest.raises(
+        ValueError, match=r"^qa\.synthetic\.hops \(the default split 'train' inherits\): the range"
+    ):
+        split_config({"count": 5}, {"hops": [3, 2]}, name="train")
 
 
 def test_an_s3_endpoint_from_the_environment_is_kept_beside_other_client_options(

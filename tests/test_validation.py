@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WIKI = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
 WIKI_KAG = BENCH / "2wikimultihopqa" / "kag_2wiki_qa_sub.json"
 MUSIQUE = BENCH / "musique" / "kag_musique_qa_100.json"
+MUSIQUE_SUB = BENCH / "musique" / "kag_musique_qa_sub.json"
 LOOSE = {"max_invalid_fraction": 1.0}
 
 
@@ -88,6 +89,58 @@ def test_synthetic_answer_must_be_in_context() -> None:
     bad[0]["answers"] = ["Zzzz"]
     result = validate_records(bad, LOOSE)
     assert _reasons(result, bad[0]["id"]) == ["expectation: answer_in_context"]
+
+
+def test_a_yes_no_alias_does_not_exempt_a_gold_that_is_not_yes_no() -> None:
+    """Only a yes/no gold is exempt from answer_in_context: a record whose gold is missing from its
+    supporting paragraphs fails even when an alias is "yes" or "no" (and "no", a substring of most
+    texts, does not count as found either)."""
+    records = copy.deepcopy(generate_synthetic(0, {"train": {"count": 3}})["train"])
+    records[0]["answers"] = ["Zzzz", "yes"]
+    records[1]["answers"] = ["Zzzz", "no"]
+    records[2]["answers"] = ["yes", "Zzzz"]  # a yes/no gold stays exempt
+    support = " ".join(p["text"] for p in records[1]["paragraphs"] if p["supporting"]).lower()
+    assert "no" in support  # so a substring search for the alias would have passed the record
+    result = validate_records(records, LOOSE)
+    assert _reasons(result, records[0]["id"]) == ["expectation: answer_in_context"]
+    assert _reasons(result, records[1]["id"]) == ["expectation: answer_in_context"]
+    assert [r["id"] for r in result.kept] == [records[2]["id"]]
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        (
+            {"min_paragraphs": 10, "max_paragraphs": 4},
+            r"validation\.min_paragraphs \(10\) > validation\.max_paragraphs \(4\)",
+        ),
+        ({"max_num_hops": 0}, r"validation\.min_num_hops \(1\) > validation\.max_num_hops \(0\)"),
+        ({"max_answer_chars": -1}, r"validation\.max_answer_chars: expected an integer >= 0, got -1"),
+        (
+            {"max_invalid_fraction": 5},
+            r"validation\.max_invalid_fraction: expected a number in \[0, 1\], got 5",
+        ),
+        ({"max_invalid_fration": 0.1}, r"unknown QA validation setting validation\.max_invalid_fration"),
+    ],
+)
+def test_a_bad_validation_setting_is_a_value_error_naming_it(limits: dict, message: str) -> None:
+    """min > max used to quarantine every record and stop the stage blaming the data; a typo kept
+    the default silently."""
+    records = generate_synthetic(0, {"train": {"count": 2}})["train"]
+    with pytest.raises(ValueError, match=message):
+        validate_records(records, limits)
+
+
+def test_the_stage_names_a_bad_split_range_before_generating(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import build
+
+    synthetic = {
+        "paragraphs": [10, 12],
+        "splits": {"train": {"count": 5}, "ood": {"count": 5, "hops": [3, 2]}},
+    }
+    with pytest.raises(ValueError, match=r"^qa\.synthetic\.splits\.ood\.hops: the range \[3, 2\] is empty"):
+        build(_real_only(tmp_path, [], synthetic))
 
 
 def test_threshold_stops_with_file_record_and_expectation(real: list[dict]) -> None:
@@ -180,6 +233,8 @@ def test_stage_end_to_end(tmp_path: Path) -> None:
     assert metrics["sources"]["2wiki_dev/wiki.json"] == {
         "kept": 9,
         "quarantined": 1,
+        "unanswerable": 0,
+        "overlaps_train": 0,
         "duplicates_merged": 0,
         "invalid_fraction": 0.1,
     }
@@ -253,6 +308,113 @@ def test_real_quarantines_count_under_their_output_split(tmp_path: Path) -> None
     assert [q.split for q in quarantined] == ["wiki_train", "wiki_train"]
     assert metrics["splits"]["wiki_train"]["quarantined"] == 2
     assert metrics["splits"]["train"]["quarantined"] == 0
+
+
+def test_unanswerable_musique_records_are_quarantined_and_counted_but_not_invalid(tmp_path: Path) -> None:
+    """Two of three MuSiQue records marked `answerable: false` are kept out as `unanswerable`; with
+    max_invalid_fraction 0 the stage still goes on (they are not broken), reports their number per
+    file, per split and in all, and leaves them out of the invalid fraction's denominator."""
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import build, render_markdown
+
+    records = json.loads(MUSIQUE.read_text(encoding="utf-8"))[:3]
+    records[0]["answerable"] = records[2]["answerable"] = False
+    path = tmp_path / "mus.json"
+    path.write_text(json.dumps(records), encoding="utf-8")
+    params = _real_only(tmp_path, [{"name": "mus_dev", "format": "musique", "path": str(path)}])
+    params["validation"] = {"max_invalid_fraction": 0.0}
+    splits, quarantined, metrics = build(params)
+    assert [r["id"] for r in splits["mus_dev"]] == [records[1]["id"]]
+    assert [(q.index, q.stage, q.split) for q in quarantined] == [
+        (0, "unanswerable", "mus_dev"),
+        (2, "unanswerable", "mus_dev"),
+    ]
+    source = metrics["sources"]["mus_dev/mus.json"]
+    assert (source["quarantined"], source["unanswerable"], source["invalid_fraction"]) == (2, 2, 0.0)
+    assert (metrics["splits"]["mus_dev"]["quarantined"], metrics["splits"]["mus_dev"]["unanswerable"]) == (
+        2,
+        2,
+    )
+    assert (metrics["quarantined"], metrics["invalid"], metrics["unanswerable"]) == (2, 0, 2)
+    assert metrics["invalid_fraction"] == 0.0
+    assert "0 invalid" in render_markdown(metrics, quarantined)
+
+    # A broken record beside them is judged against the sound ones only: 1 of 2, not 1 of 4.
+    records.append({k: v for k, v in records[1].items() if k != "question"})
+    path.write_text(json.dumps(records), encoding="utf-8")
+    params["validation"] = {"max_invalid_fraction": 0.4}
+    with pytest.raises(QAValidationError, match=r"1/2 records invalid .*#3 .*field 'question': missing"):
+        build(params)
+
+
+def test_eval_records_a_training_split_holds_are_quarantined_naming_it(tmp_path: Path) -> None:
+    """musique_dev gets one record with a musique_train id and one with a train record's question
+    and answer up to case, punctuation and spacing: both are kept out of musique_dev as
+    `overlaps_train`, naming musique_train, counted (per file, split and in all) but not as invalid;
+    the training split keeps all its records."""
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import build
+
+    train = json.loads(MUSIQUE_SUB.read_text(encoding="utf-8"))
+    dev = json.loads(MUSIQUE.read_text(encoding="utf-8"))[:4]
+    dev[1]["id"] = train[2]["id"]
+    dev.append({**copy.deepcopy(train[0]), "id": "copy-of-a-train-record"})
+    dev[4]["question"] = "  " + dev[4]["question"].upper().rstrip("?") + " ?"
+    (tmp_path / "train.json").write_text(json.dumps(train), encoding="utf-8")
+    (tmp_path / "dev.json").write_text(json.dumps(dev), encoding="utf-8")
+    sources = [
+        {"name": "mus_dev", "format": "musique", "path": str(tmp_path / "dev.json")},
+        {"name": "mus_train", "format": "musique", "split": "train", "path": str(tmp_path / "train.json")},
+    ]
+    synthetic = {"paragraphs": [10, 12], "splits": {"train": {"count": 5}, "test": {"count": 3}}}
+    params = _real_only(tmp_path, sources, synthetic)
+    params["validation"] = {"max_invalid_fraction": 0.0}
+    splits, quarantined, metrics = build(params)
+
+    assert [r["id"] for r in splits["mus_dev"]] == [dev[i]["id"] for i in (0, 2, 3)]
+    assert len(splits["mus_train"]) == 3 and len(splits["test"]) == 3
+    assert [(q.index, q.record_id, q.stage, q.split) for q in quarantined] == [
+        (1, train[2]["id"], "overlaps_train", "mus_dev"),
+        (4, "copy-of-a-train-record", "overlaps_train", "mus_dev"),
+    ]
+    assert quarantined[0].reasons == [
+        f"overlaps_train: id {train[2]['id']!r} is also in training split 'mus_train'"
+    ]
+    assert quarantined[1].reasons == [
+        "overlaps_train: question and answer (normalised) are also in training split 'mus_train' "
+        f"(record {train[0]['id']!r})"
+    ]
+    assert quarantined[1].file == str(tmp_path / "dev.json")
+    assert metrics["sources"]["mus_dev/dev.json"] == {
+        "kept": 3,
+        "quarantined": 2,
+        "unanswerable": 0,
+        "overlaps_train": 2,
+        "duplicates_merged": 0,
+        "invalid_fraction": 0.0,
+    }
+    assert metrics["splits"]["mus_dev"]["overlaps_train"] == 2 and metrics["splits"]["mus_dev"]["kept"] == 3
+    assert metrics["splits"]["test"]["overlaps_train"] == 0
+    assert (metrics["overlaps_train"], metrics["invalid"], metrics["invalid_fraction"]) == (2, 0, 0.0)
+
+
+def test_synthetic_eval_records_are_checked_against_the_synthetic_train_split() -> None:
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import is_train_split, quarantine_train_overlaps
+
+    assert [is_train_split(n) for n in ("train", "musique_train", "2wiki-train")] == [True] * 3
+    assert [is_train_split(n) for n in ("validation", "test", "ood", "musique_dev", "retrain")] == [False] * 5
+    generated = generate_synthetic(0, {"train": {"count": 5}, "test": {"count": 3}})
+    leak = {**copy.deepcopy(generated["train"][2]), "id": "synth-test-99999"}
+    leak["question"] = leak["question"].lower()
+    splits = {"train": list(generated["train"]), "test": [*generated["test"], leak]}
+    where = {id(r): (f"synthetic/{name}", i) for name, rs in splits.items() for i, r in enumerate(rs)}
+    out = quarantine_train_overlaps(splits, where)
+    assert [(q.file, q.index, q.record_id, q.split) for q in out] == [
+        ("synthetic/test", 3, leak["id"], "test")
+    ]
+    assert f"training split 'train' (record {generated['train'][2]['id']!r})" in out[0].reasons[0]
+    assert splits == {"train": generated["train"], "test": generated["test"]}
 
 
 def test_a_real_source_may_not_take_a_synthetic_splits_name(tmp_path: Path) -> None:

@@ -88,9 +88,19 @@ class QADataError(ValueError):
         self.record_id = record_id
 
 
+#: Quarantine stages of records kept out by design, not because they are broken: MuSiQue's
+#: unanswerable contrast questions and evaluation records that repeat a training record. They are
+#: quarantined with their reason and counted in the report, but neither count towards
+#: `validation.max_invalid_fraction` nor enter its denominator: a file of sound records stays valid.
+UNANSWERABLE = "unanswerable"
+OVERLAPS_TRAIN = "overlaps_train"
+EXCLUDED_STAGES: frozenset[str] = frozenset({UNANSWERABLE, OVERLAPS_TRAIN})
+
+
 @dataclass
 class Quarantined:
-    """A record kept out of the data set, with why. `stage` is adapter, schema or expectations."""
+    """A record kept out of the data set, with why. `stage` is adapter, schema or expectations
+    (the record is invalid), or one of EXCLUDED_STAGES (it is sound but kept out by design)."""
 
     source: str
     file: str
@@ -100,6 +110,11 @@ class Quarantined:
     stage: str = "adapter"
     split: str = ""
     record: Any = None  # the raw (adapter) or unified (validation) record, for inspection
+
+    @property
+    def invalid(self) -> bool:
+        """True when the record is broken (counts towards max_invalid_fraction)."""
+        return self.stage not in EXCLUDED_STAGES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +135,15 @@ class _RecordError(Exception):
     def __init__(self, field_name: str, message: str):
         super().__init__(f"field {field_name!r}: {message}")
         self.field = field_name
+
+
+class _RecordExcluded(Exception):
+    """Raised inside an adapter for a sound record that is kept out by design (`stage` is one of
+    EXCLUDED_STAGES); turned into a Quarantined item that does not count as invalid."""
+
+    def __init__(self, stage: str, message: str):
+        super().__init__(f"{stage}: {message}")
+        self.stage = stage
 
 
 # ---------------------------------------------------------------------------------------- keys
@@ -329,6 +353,12 @@ def _adapt_file(
         except _RecordError as exc:
             rid = writable(rid)
             result.quarantined.append(Quarantined(source, path, index, rid, [str(exc)], record=writable(raw)))
+        except _RecordExcluded as exc:
+            result.quarantined.append(
+                Quarantined(
+                    source, path, index, writable(rid), [str(exc)], stage=exc.stage, record=writable(raw)
+                )
+            )
     return result
 
 
@@ -455,11 +485,8 @@ def adapt_musique(rec: Mapping[str, Any], *, split: str = "dev", source: str = "
     aliases = _get(rec, "answer_aliases", list, optional=True) or []
     if not all(isinstance(a, str) for a in aliases):
         raise _RecordError("answer_aliases", "expected a list of strings")
-    # MuSiQue-Full mixes in unanswerable contrast questions; their `answer` is not supported by
-    # the context, so training on them as-is would reward hallucination.
+    # Read (and type-checked) here, acted on once the whole record has adapted: see the end.
     answerable = _get(rec, "answerable", bool, optional=True)
-    if answerable is False:
-        raise _RecordError("answerable", "record is marked unanswerable")
     paras = _get(rec, "paragraphs", list)
     titles, texts, idxs, flags = [], [], [], []
     for i, p in enumerate(paras):
@@ -501,6 +528,16 @@ def adapt_musique(rec: Mapping[str, Any], *, split: str = "dev", source: str = "
             )
         hops.append({"question": q, "answer": a, "paragraph_key": key_of_idx[support]})
 
+    # MuSiQue-Full mixes in unanswerable contrast questions by design; their `answer` is not
+    # supported by the context, so training or scoring on them would reward hallucination. They are
+    # kept out as `unanswerable`, not as invalid, and only once the rest of the record adapted, so
+    # that a broken record marked unanswerable is still reported (and counted) as broken.
+    if answerable is False:
+        raise _RecordExcluded(
+            UNANSWERABLE,
+            "field 'answerable' is false (a MuSiQue-Full contrast question: its answer is not "
+            "supported by its paragraphs)",
+        )
     m = re.match(r"^(\dhop\d*)__", rid)
     paragraphs: list[Paragraph] = [
         {"key": k, "title": t, "text": x, "supporting": f}
@@ -787,28 +824,84 @@ def synthetic_record(rng: random.Random, cfg: SyntheticSplitConfig, *, split: st
     }
 
 
-def _range(value: Any, default: tuple[int, int]) -> tuple[int, int]:
-    if value is None:
-        return default
-    if isinstance(value, int):
-        return (value, value)
-    lo, hi = value
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # YAML's true/false are not counts
+
+
+def _setting_int(value: Any, where: str, *, minimum: int) -> int:
+    """One integer setting, at least `minimum`; otherwise a ValueError naming the setting."""
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _setting_range(value: Any, where: str, *, minimum: int) -> tuple[int, int]:
+    """An inclusive range setting, `[min, max]` or one integer for both, with minimum <= min <= max.
+    Checked here because a bad one would otherwise surface as random's "empty range for
+    randrange()" or an unpacking error, naming no setting."""
+    pair = (value, value) if _is_int(value) else value
+    if not isinstance(pair, list | tuple) or len(pair) != 2 or not all(_is_int(v) for v in pair):
+        raise ValueError(
+            f"{where}: expected an integer or an inclusive range [min, max] of integers, got {value!r}"
+        )
+    lo, hi = pair
+    if lo > hi:
+        raise ValueError(f"{where}: the range [{lo}, {hi}] is empty (min {lo} > max {hi})")
+    if lo < minimum:
+        raise ValueError(f"{where}: the range [{lo}, {hi}] must not go below {minimum}")
     return (int(lo), int(hi))
 
 
-def split_config(spec: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> SyntheticSplitConfig:
+_SPLIT_DEFAULTS = SyntheticSplitConfig(count=1)
+
+
+def split_config(
+    spec: Mapping[str, Any],
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    name: str = "<split>",
+    prefix: str = "qa.synthetic",
+) -> SyntheticSplitConfig:
+    """One synthetic split's settings (`spec`, over the section's `defaults`), checked: a bad value
+    raises ValueError naming its setting path, `<prefix>.splits.<name>.<field>` for the split's own
+    value or `<prefix>.<field>` for a default it inherits."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{prefix}.splits.{name}: expected a mapping of settings, got {spec!r}")
+    fields = set(asdict(_SPLIT_DEFAULTS))
     merged = {**(defaults or {}), **spec}
-    if int(merged.get("extra_entities", 4)) < 0:
-        raise ValueError(f"synthetic QA: extra_entities must be >= 0, got {merged['extra_entities']}")
-    if int(merged["count"]) < 1:
-        raise ValueError(f"synthetic QA: a split's count must be >= 1, got {merged['count']}")
-    return SyntheticSplitConfig(
-        count=int(merged["count"]),
-        hops=_range(merged.get("hops"), (2, 2)),
-        paragraphs=_range(merged.get("paragraphs"), (10, 16)),
-        filler_sentences=_range(merged.get("filler_sentences"), (1, 2)),
-        extra_entities=int(merged.get("extra_entities", 4)),
+    unknown = sorted(set(merged) - fields)
+    if unknown:
+        where = [f"{prefix}.splits.{name}.{k}" if k in spec else f"{prefix}.{k}" for k in unknown]
+        raise ValueError(
+            f"unknown synthetic QA setting {', '.join(where)} (known: {', '.join(sorted(fields))})"
+        )
+
+    def where(field_name: str) -> str:
+        if field_name in spec:
+            return f"{prefix}.splits.{name}.{field_name}"
+        return f"{prefix}.{field_name} (the default split {name!r} inherits)"
+
+    def value(field_name: str) -> Any:
+        return merged.get(field_name, getattr(_SPLIT_DEFAULTS, field_name))
+
+    if "count" not in merged:
+        raise ValueError(f"{prefix}.splits.{name}.count: missing")
+    cfg = SyntheticSplitConfig(
+        count=_setting_int(merged["count"], where("count"), minimum=1),
+        hops=_setting_range(value("hops"), where("hops"), minimum=1),
+        paragraphs=_setting_range(value("paragraphs"), where("paragraphs"), minimum=1),
+        filler_sentences=_setting_range(value("filler_sentences"), where("filler_sentences"), minimum=0),
+        extra_entities=_setting_int(value("extra_entities"), where("extra_entities"), minimum=0),
     )
+    # Every hop's subject needs its own paragraph; checked here so that a setting that fails only
+    # when a draw pairs few paragraphs with many hops fails at once, naming both settings.
+    if cfg.paragraphs[0] < cfg.hops[1]:
+        raise ValueError(
+            f"{where('paragraphs')}: min {cfg.paragraphs[0]} is below the {cfg.hops[1]} paragraphs that "
+            f"the {cfg.hops[1]} hops {where('hops')} allows need (one per hop); raise the paragraphs' "
+            "min or lower the hops' max"
+        )
+    return cfg
 
 
 def generate_synthetic(
@@ -817,14 +910,15 @@ def generate_synthetic(
     """Synthetic multi-hop QA splits. Each split has its own RNG stream (seeded by seed and split
     name). (question, answer) pairs are unique across splits (first split in order wins), so
     changing one split's count leaves the splits before it unchanged, but can change the ones after
-    it: a record whose pair an earlier split now holds (or no longer holds) is skipped (or kept). Question texts do repeat (the
-    2-hop space is ~13 relation paths x 256 names), but every record has its own world and an eval
-    record's answer is never a train answer to the same question, so memorising train answers does
-    not help: the answer has to be read from the context."""
+    it: a record whose pair an earlier split now holds (or no longer holds) is skipped (or kept).
+    Question texts do repeat (the 2-hop space is ~13 relation paths x 256 names), but every record
+    has its own world and an eval record's answer is never a train answer to the same question, so
+    memorising train answers does not help: the answer has to be read from the context."""
     seen: set[str] = set()
     out: dict[str, list[QARecord]] = {}
     for name, spec in splits.items():
-        cfg = spec if isinstance(spec, SyntheticSplitConfig) else split_config(spec)
+        # A config built in code is checked as settings are, so a bad range fails naming its split.
+        cfg = split_config(asdict(spec) if isinstance(spec, SyntheticSplitConfig) else spec, name=name)
         rng = random.Random(f"selfcest-qa:{seed}:{name}")
         records: list[QARecord] = []
         attempts = 0

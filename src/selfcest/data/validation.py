@@ -9,7 +9,9 @@ Two layers:
    one of the things being checked) and quarantined with the names of the failed expectations.
 
 `validate_records` returns kept records, quarantined items and a report dict, and raises
-`QAValidationError` when the invalid fraction exceeds `max_invalid_fraction`.
+`QAValidationError` when the invalid fraction exceeds `max_invalid_fraction`. Records an adapter
+kept out by design (`selfcest.data.qa.EXCLUDED_STAGES`, e.g. MuSiQue's unanswerable ones) are
+quarantined and counted apart: the invalid fraction is invalid records over the records judged.
 
 GX notes (1.24): the ephemeral context is used so nothing is written under the repo; Data Docs
 need a CDN, so the caller renders its own JSON/Markdown report from `report`.
@@ -28,7 +30,14 @@ from typing import Any
 
 import pandas as pd
 
-from selfcest.data.qa import HOP_FIELDS, PARAGRAPH_FIELDS, RECORD_FIELDS, QARecord, Quarantined
+from selfcest.data.qa import (
+    EXCLUDED_STAGES,
+    HOP_FIELDS,
+    PARAGRAPH_FIELDS,
+    RECORD_FIELDS,
+    QARecord,
+    Quarantined,
+)
 
 log = logging.getLogger(__name__)
 # GX logs every import-time registration at INFO; stage scripts run the root logger at INFO.
@@ -48,10 +57,54 @@ DEFAULT_LIMITS: dict[str, Any] = {
     "min_num_hops": 1,
     "max_num_hops": 8,
     # Sources whose gold answer (or one of its aliases) must appear verbatim in a supporting
-    # paragraph; yes/no answers are exempt (comparison questions). True for the synthetic generator
+    # paragraph; yes/no golds are exempt (comparison questions). True for the synthetic generator
     # by construction and for every MuSiQue record sampled here (100 of 100 dev, 3 of 3 train).
     "answer_in_context_sources": ["synthetic", "musique"],
 }
+
+
+#: Inclusive (min, max) pairs among the limits: min > max would quarantine every record.
+LIMIT_RANGES = (
+    ("min_paragraphs", "max_paragraphs"),
+    ("min_question_chars", "max_question_chars"),
+    ("min_num_hops", "max_num_hops"),
+)
+
+
+def check_limits(limits: Mapping[str, Any], prefix: str = "validation") -> dict[str, Any]:
+    """`limits` over DEFAULT_LIMITS, checked: an unknown name (a typo would silently keep the
+    default), a count that is not a non-negative integer, a fraction outside [0, 1] or a range with
+    min > max (which would quarantine every record and stop the stage blaming the data) raises a
+    ValueError naming the setting `<prefix>.<name>`."""
+    unknown = sorted(set(limits) - set(DEFAULT_LIMITS))
+    if unknown:
+        names = ", ".join(f"{prefix}.{k}" for k in unknown)
+        raise ValueError(
+            f"unknown QA validation setting {names} (known: {', '.join(sorted(DEFAULT_LIMITS))})"
+        )
+    lim = {**DEFAULT_LIMITS, **limits}
+    fraction = lim["max_invalid_fraction"]
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction <= 1:
+        raise ValueError(f"{prefix}.max_invalid_fraction: expected a number in [0, 1], got {fraction!r}")
+    counts = [n for n in lim if n.startswith(("min_", "max_")) and n != "max_invalid_fraction"]
+    for name in counts:
+        value = lim[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{prefix}.{name}: expected an integer >= 0, got {value!r}")
+    for lo, hi in LIMIT_RANGES:
+        if lim[lo] > lim[hi]:
+            raise ValueError(
+                f"{prefix}.{lo} ({lim[lo]}) > {prefix}.{hi} ({lim[hi]}): the inclusive range is empty, "
+                "so every record would be quarantined"
+            )
+    sources = lim["answer_in_context_sources"]
+    if sources is not None and (
+        not isinstance(sources, list) or not all(isinstance(x, str) for x in sources)
+    ):
+        raise ValueError(
+            f"{prefix}.answer_in_context_sources: expected a list of source names, got {sources!r}"
+        )
+    return lim
 
 
 class QAValidationError(RuntimeError):
@@ -106,13 +159,22 @@ def schema_errors(record: Any) -> list[str]:
 # ---------------------------------------------------------------------------------------- flatten
 
 
+_YES_NO = frozenset({"yes", "no"})
+
+
 def _answer_in_context(answers: Sequence[str], support_text: str) -> bool:
-    """Some gold answer or alias appears in the (lower-cased) supporting text; yes/no and empty
-    golds pass (their own expectations cover empty answers)."""
-    golds = [a.strip().lower() for a in answers if a.strip()]
-    if not golds or any(g in ("yes", "no") for g in golds):
+    """The gold answer or one of its aliases appears in the (lower-cased) supporting text.
+
+    Only the gold decides the yes/no exemption: a comparison question's "yes"/"no" is never written
+    in its paragraphs, but a gold like "Paris" with a stray "yes" alias is an ordinary answer and is
+    checked. Yes/no aliases of such a gold are not searched for, since "no" is a substring of most
+    texts ("not", "north") and would pass any record. An empty gold passes here: `answer_non_empty`
+    quarantines it with its own reason."""
+    gold = answers[0].strip().lower() if answers else ""
+    if not gold or gold in _YES_NO:
         return True
-    return any(g in support_text for g in golds)
+    candidates = [a.strip().lower() for a in answers if a.strip()]
+    return any(a in support_text for a in candidates if a not in _YES_NO)
 
 
 def flatten(records: Sequence[QARecord], limits: Mapping[str, Any] | None = None) -> pd.DataFrame:
@@ -321,11 +383,13 @@ def validate_records(
     `files` and `indices` (one per record) give each record's input file and index in that file
     when records come from several files; by default origin and the position in `records`.
     `prior`: items an adapter already quarantined from the same input; they count towards the
-    invalid fraction and are returned first.
+    invalid fraction (but those of EXCLUDED_STAGES, sound records kept out by design, neither count
+    nor enter its denominator) and are returned first.
 
-    Raises QAValidationError when enforce and quarantined / total > max_invalid_fraction.
+    Raises QAValidationError when enforce and invalid / (total - excluded) > max_invalid_fraction,
+    and ValueError naming the setting when `limits` are not sound (`check_limits`).
     """
-    lim = {**DEFAULT_LIMITS, **(limits or {})}
+    lim = check_limits(limits or {})
     out = ValidationResult()
 
     def file_of(index: int) -> str:
@@ -384,12 +448,19 @@ def validate_records(
     out.quarantined = [*prior, *out.quarantined]
 
     total = len(records) + len(prior)
-    invalid_fraction = len(out.quarantined) / total if total else 0.0
+    invalid = [q for q in out.quarantined if q.invalid]
+    judged = total - (len(out.quarantined) - len(invalid))  # excluded records are not judged
+    invalid_fraction = len(invalid) / judged if judged else 0.0
     out.report = {
         "origin": origin,
         "total": total,
         "kept": len(out.kept),
         "quarantined": len(out.quarantined),
+        "invalid": len(invalid),
+        # Sound records kept out by design, per reason (stage): neither invalid nor judged.
+        "excluded": {
+            stage: sum(1 for q in out.quarantined if q.stage == stage) for stage in sorted(EXCLUDED_STAGES)
+        },
         "adapter_failures": sum(1 for q in out.quarantined if q.stage == "adapter"),
         "schema_failures": sum(1 for q in out.quarantined if q.stage == "schema"),
         "expectation_failures": sum(1 for q in out.quarantined if q.stage == "expectations"),
@@ -397,7 +468,7 @@ def validate_records(
         "max_invalid_fraction": lim["max_invalid_fraction"],
         "expectations": expectation_summary(expectations),
     }
-    problem = too_many_invalid(origin, out.quarantined, total, lim["max_invalid_fraction"])
+    problem = too_many_invalid(origin, invalid, judged, lim["max_invalid_fraction"])
     if enforce and problem:
         raise QAValidationError(problem)
     return out
