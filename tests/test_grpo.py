@@ -137,8 +137,9 @@ def test_group_weighting_counts_only_the_clones_that_ran(tiny_tokenizer) -> None
             return "Answer: 2"
         return "Answer: 6" if "<tool_response>" in prompt.rsplit("<|im_start|>user", 1)[-1] else spawn
 
-    # After the spawn turn: three 16-token grants, then 1 token above the root's 16-token reserve.
-    budget = len(tiny_tokenizer.encode(spawn, add_special_tokens=False)) + 1 + 3 * 16 + 16 + 1
+    # After the spawn turn, 7 tokens above the root's 16-token reserve: four equal shares would be
+    # below `min_clone_tokens` (2), so the last clone is refused and the other three share the 7.
+    budget = len(tiny_tokenizer.encode(spawn, add_special_tokens=False)) + 1 + 16 + 7
     config = SelfcestConfig(
         runtime=RuntimeConfig(episode_token_budget=budget, root_max_tokens=400),
         gate=GateConfig("none"),
