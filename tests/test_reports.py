@@ -125,6 +125,16 @@ def test_combined_frontier_names_the_owner_and_its_margin() -> None:
     assert segments[2]["to"] is None and segments[2]["margin"] == pytest.approx(0.3)
 
 
+def test_combined_frontier_leaves_out_rows_without_numbers() -> None:
+    """A row without problems (NaN accuracy and costs, as `evaluation.summarize` gives for an empty
+    cell) must not reorder the others (a NaN sort key breaks the sort) nor be named a runner-up."""
+    empty = row("thinking", 400, math.nan, math.nan, n=0)
+    rows = [row("base", 200, 0.9, 200), empty, row("base", 100, 0.5, 100)]
+    segments = combined_frontier(rows)
+    assert [(s["method"], s["budget"]) for s in segments] == [("base", 100), ("base", 200)]
+    assert all(s["runner_up"] is None for s in segments)
+
+
 # --------------------------------------------------------------------------- claims
 def strong_sweep() -> list[dict[str, Any]]:
     """A sweep in which every claim holds."""

@@ -332,8 +332,11 @@ def combined_frontier(rows: Sequence[Mapping[str, Any]], cost: str = "gen_tokens
 
     Returns one segment per frontier point, by increasing cost: `method`, `budget`, `accuracy`,
     `from`/`to` (the cost range it owns; `to` is None for the last), `runner_up` and `margin`
-    (accuracy minus the best other method's frontier value at the segment's start).
+    (accuracy minus the best other method's frontier value at the segment's start). Rows without a
+    number for the cost or the accuracy (an empty cell's NaN) are left out: a NaN sort key would
+    leave the others unsorted.
     """
+    rows = [r for r in rows if not any(math.isnan(float(r[key])) for key in (cost, "accuracy"))]
     ordered = sorted(rows, key=lambda r: (r[cost], -r["accuracy"], r["method"], r["budget"]))
     points: list[Mapping[str, Any]] = []
     best = -math.inf
