@@ -135,6 +135,27 @@ def test_combined_frontier_leaves_out_rows_without_numbers() -> None:
     assert all(s["runner_up"] is None for s in segments)
 
 
+def test_summary_and_metrics_show_a_row_without_problems_as_no_number() -> None:
+    """An empty cell's row (n 0, NaN numbers) at the reference budget: the table says `-`, not
+    `nan%`, and metrics.json leaves its accuracy out instead of writing a bare NaN (not JSON)."""
+    from selfcest.reports import Settings, Sweep, build_metrics
+
+    nan_numbers = dict.fromkeys(
+        ["ci_low", "ci_high", "total_tokens", "seconds", "clones", "protocol_error_rate"], math.nan
+    )
+    rows = [
+        row("base", 100, 0.5, 90),
+        {**row("base", 200, math.nan, math.nan, n=0), **nan_numbers},
+    ]
+    sweep = Sweep(rows=rows, cells=[])
+    settings = {"arithmetic": Settings([100, 200], 200, 200.0)}
+    text = summary_markdown(sweep, eval_params={}, settings=settings, claims={}, method_order=["base"])
+    assert "nan" not in text.lower()
+    metrics = build_metrics(sweep, settings=settings, claims={})
+    assert "accuracy" not in metrics["benchmarks"]["arithmetic/ood"]["methods"]["base"]
+    json.dumps(metrics, allow_nan=False)
+
+
 # --------------------------------------------------------------------------- claims
 def strong_sweep() -> list[dict[str, Any]]:
     """A sweep in which every claim holds."""

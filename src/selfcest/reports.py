@@ -404,7 +404,7 @@ def _by_budget(rows: Iterable[Mapping[str, Any]], method: str) -> dict[int, Mapp
 
 
 def _pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
+    return "-" if math.isnan(value) else f"{100 * value:.1f}%"
 
 
 def claim_beats_base(
@@ -700,7 +700,7 @@ def build_metrics(
                 ),
             }
             at_ref = _by_budget(rows, method).get(setting.reference_budget)
-            if at_ref is not None:
+            if at_ref is not None and not math.isnan(at_ref["accuracy"]):  # NaN: a cell without problems
                 values["accuracy"] = round(at_ref["accuracy"], 6)
             entry["methods"][method] = values
         out["benchmarks"][name] = entry
@@ -927,7 +927,7 @@ def summary_markdown(
             at = _by_budget(rows, method).get(reference_budget)
             auc = frontier_auc(method_points(rows, method), auc_max_tokens)
             auc_crit = frontier_auc(method_points(rows, method, "critical_tokens"), auc_max_tokens)
-            if at is None:
+            if at is None or math.isnan(at["accuracy"]):  # no row, or one without problems
                 cells = [f"`{method}`", "-"] + (["-"] if has_f1 else []) + ["-"] * 6
             else:
                 cells = [
