@@ -156,6 +156,22 @@ def test_summary_and_metrics_show_a_row_without_problems_as_no_number() -> None:
     json.dumps(metrics, allow_nan=False)
 
 
+def test_combined_frontier_margin_counts_a_point_within_the_resolution_as_at_that_cost() -> None:
+    """The committed arithmetic/test case: noclone-grpo at 97.9% with 37.27 tokens, base at 95.8%
+    with 37.31. The summary leaves out spans under one token; its margin must not read base's point,
+    0.04 tokens dearer, as out of reach (+97.9 pts) but lead by 2.1 pts. A point at the next
+    segment's start still does not count."""
+    rows = [row("noclone-grpo", 128, 47 / 48, 37.270833), row("base", 128, 46 / 48, 37.3125)]
+    assert combined_frontier(rows)[0]["margin"] == pytest.approx(47 / 48)  # exact cost: unchanged
+    (segment,) = combined_frontier(rows, resolution=1.0)
+    assert segment["runner_up"] == "base" and segment["margin"] == pytest.approx(1 / 48)
+    rows = [row("base", 100, 0.5, 100), row("sc@4", 100, 0.9, 100.5), row("selfcest", 100, 0.7, 101)]
+    segments = combined_frontier(rows, resolution=1.0)
+    assert [s["method"] for s in segments] == ["base", "sc@4"]
+    assert segments[0]["margin"] == pytest.approx(0.5)  # sc@4 starts the next segment
+    assert segments[1]["runner_up"] == "selfcest" and segments[1]["margin"] == pytest.approx(0.2)
+
+
 # --------------------------------------------------------------------------- claims
 def strong_sweep() -> list[dict[str, Any]]:
     """A sweep in which every claim holds."""

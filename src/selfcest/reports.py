@@ -327,12 +327,15 @@ def method_points(rows: Iterable[Mapping[str, Any]], method: str, cost: str = "g
     return [(r[cost], r["accuracy"]) for r in rows if r["method"] == method]
 
 
-def combined_frontier(rows: Sequence[Mapping[str, Any]], cost: str = "gen_tokens") -> list[dict[str, Any]]:
+def combined_frontier(
+    rows: Sequence[Mapping[str, Any]], cost: str = "gen_tokens", resolution: float = 0.0
+) -> list[dict[str, Any]]:
     """Which method is on the all-methods frontier where, and by how much it leads the best other method.
 
     Returns one segment per frontier point, by increasing cost: `method`, `budget`, `accuracy`,
     `from`/`to` (the cost range it owns; `to` is None for the last), `runner_up` and `margin`
-    (accuracy minus the best other method's frontier value at the segment's start). Rows without a
+    (accuracy minus the best other method's frontier value at the segment's start; with `resolution`,
+    a point up to that much dearer, short of the next segment, counts as at that cost). Rows without a
     number for the cost or the accuracy (an empty cell's NaN) are left out: a NaN sort key would
     leave the others unsorted.
     """
@@ -347,9 +350,10 @@ def combined_frontier(rows: Sequence[Mapping[str, Any]], cost: str = "gen_tokens
     methods = list(dict.fromkeys(r["method"] for r in rows))
     segments = []
     for i, r in enumerate(points):
-        others = {
-            m: frontier_value(method_points(rows, m, cost), r[cost]) for m in methods if m != r["method"]
-        }
+        reach = r[cost] + resolution
+        if i + 1 < len(points):  # a point at the next segment's start is not at this one's cost
+            reach = min(reach, points[i + 1][cost] - 2 * EPS)
+        others = {m: frontier_value(method_points(rows, m, cost), reach) for m in methods if m != r["method"]}
         runner_up = max(others, key=lambda m: others[m]) if others else None
         segments.append(
             {
@@ -961,10 +965,13 @@ def summary_markdown(
             # cost a reader could choose, and its margin would compare against a point just beyond it.
             segments = [
                 seg
-                for seg in combined_frontier(rows, cost)
+                for seg in combined_frontier(rows, cost, resolution=1.0)
                 if seg["accuracy"] > EPS and (seg["to"] is None or seg["to"] - seg["from"] >= 1.0)
             ]
-            lines.append(f"On the all-methods frontier ({COSTS[cost]}; spans under one token left out):")
+            lines.append(
+                f"On the all-methods frontier ({COSTS[cost]}; spans under one token left out, and a "
+                "method within one token of a span's start counted as at that cost):"
+            )
             if not segments:
                 lines.append("- no method gets any problem right at any budget")
             for s in segments:
