@@ -156,6 +156,20 @@ def test_summary_and_metrics_show_a_row_without_problems_as_no_number() -> None:
     json.dumps(metrics, allow_nan=False)
 
 
+def test_summary_names_no_runner_up_when_no_other_method_is_right_at_that_cost() -> None:
+    """A frontier span whose method leads every other one from 0%: the summary says so instead of
+    naming, as the best other method, whichever method at 0% comes first."""
+    from selfcest.reports import Settings, Sweep
+
+    rows = [row("base", 100, 0.0, 50), row("thinking", 100, 0.0, 80), row("selfcest", 100, 0.25, 90)]
+    settings = {"arithmetic": Settings([100], 100, 100.0)}
+    text = summary_markdown(
+        Sweep(rows=rows, cells=[]), eval_params={}, settings=settings, claims={}, method_order=[]
+    )
+    assert "`selfcest` (budget 100) at 25.0%, +25.0 pts: no other method is right on any problem" in text
+    assert "over the best other method" not in text
+
+
 def test_combined_frontier_margin_counts_a_point_within_the_resolution_as_at_that_cost() -> None:
     """The committed arithmetic/test case: noclone-grpo at 97.9% with 37.27 tokens, base at 95.8%
     with 37.31. The summary leaves out spans under one token; its margin must not read base's point,

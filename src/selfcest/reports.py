@@ -982,6 +982,9 @@ def summary_markdown(
                     lead = ""
                 elif s["margin"] <= EPS:
                     lead = f", level with `{s['runner_up']}` at that cost"
+                elif s["accuracy"] - s["margin"] <= EPS:
+                    # Naming a runner-up would name whichever method is listed first among those at 0%.
+                    lead = f", {100 * s['margin']:+.1f} pts: no other method is right on any problem at that cost"
                 else:
                     lead = f", {100 * s['margin']:+.1f} pts over the best other method (`{s['runner_up']}`) at that cost"
                 lines.append(
