@@ -235,3 +235,17 @@ def test_sweep_changes_ignore_wall_clock_and_rounding_and_report_added_and_remov
     assert change["columns"] == ["n", "f1"]
     line = changes_markdown([change], "a", "b").splitlines()[-3]
     assert line.startswith("| qa/test | `base` | 64 | changed | 48 -> 50 | 50.0% | 0.600 -> 0.800 | 14.0 |")
+
+
+def test_a_change_smaller_than_the_tables_rounding_still_shows_both_values() -> None:
+    """Two runs' `total_tokens` 190.0625 and 190.104167 (the committed sweeps of a77b09f and
+    c121c33, `arithmetic/test` `selfcest-nogate` at 128) both print as 190.1: the row listed
+    `total_tokens` as changed but showed one value, as if nothing had moved."""
+    old = read_sweep_csv(SWEEP.replace("500.0", "190.0625"), "old")
+    new = read_sweep_csv(SWEEP.replace("500.0", "190.104167"), "new")
+    [change] = sweep_changes(old, new)
+    assert change["columns"] == ["total_tokens"]
+    line = changes_markdown([change], "a", "b").splitlines()[-3]
+    assert line.startswith(
+        "| qa/test | `selfcest` | 64 | changed | 48 | 62.5% | - | 48.8 | 190.0625 -> 190.104167 |"
+    )

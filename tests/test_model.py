@@ -207,6 +207,58 @@ def test_cli_solve_names_a_bad_model_path_or_documents_file(
     assert f"--documents {absent}" in capsys.readouterr().err
 
 
+def test_cli_solve_hands_halves_of_a_sum_by_key_as_the_pipeline_does(
+    tiny_checkpoint: Path, monkeypatch, capsys
+) -> None:
+    """The committed checkpoints delegate sums by `first half` / `second half` (params.yaml's
+    `runtime.expression_halves: true`); `selfcest solve` without halves refused both keys, so every
+    clone failed and the root answered wrong (`selfcest_model` on README's own example)."""
+    from scripted_policies import halving_policy
+
+    import selfcest.engine
+    from selfcest.scripted import ScriptedEngine
+
+    monkeypatch.setattr(
+        selfcest.engine,
+        "TransformersEngine",
+        lambda model, tokenizer: ScriptedEngine(tokenizer, halving_policy),
+    )
+    question = "Calculate the value of 1+2+3+4+5+6+7+8."
+    assert cli_main(["solve", "--model", str(tiny_checkpoint), "--json", question]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["final_answer"] == "36" and record["protocol_errors"] == [] and record["num_clones"] == 2
+    assert cli_main(["solve", "--model", str(tiny_checkpoint), "--json", "--no-halves", question]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert {error["kind"] for error in record["protocol_errors"]} == {"unknown_context_key"}
+
+
+def test_cli_solve_shows_the_documents_to_the_monolithic_model(
+    tiny_checkpoint: Path, tmp_path: Path, capsys
+) -> None:
+    """`--documents` with `--no-tools`: the monolithic reader sees every paragraph in its prompt, as
+    the `base` method does; they were dropped, so it answered from the question alone."""
+    documents = tmp_path / "documents.json"
+    documents.write_text(json.dumps({"Neri": "Neri is led by Nope.", "Nope": "Nope was born in Mino."}))
+    argv = [
+        "solve",
+        "--model",
+        str(tiny_checkpoint),
+        "--json",
+        "--budget",
+        "4",
+        "--documents",
+        str(documents),
+    ]
+    assert cli_main([*argv, "--no-tools", "In which city was the head of Neri born?"]) == 0
+    [root] = json.loads(capsys.readouterr().out)["agents"]
+    prompt = load_tokenizer(tiny_checkpoint).decode(root["token_ids"])
+    assert "[Neri] Neri is led by Nope." in prompt and "[Nope] Nope was born in Mino." in prompt
+    assert cli_main([*argv, "In which city was the head of Neri born?"]) == 0
+    root = json.loads(capsys.readouterr().out)["agents"][0]
+    prompt = load_tokenizer(tiny_checkpoint).decode(root["token_ids"])
+    assert "Documents: Neri, Nope" in prompt and "Mino" not in prompt  # the delegating root: keys only
+
+
 def test_checkpoint_hashes_cover_sharded_weights_and_the_tokenizer_files(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:

@@ -183,3 +183,22 @@ def test_run_labels_name_the_seed_and_the_working_tree() -> None:
         "seed43 (seed 43)",
         "refs/exps/b2/9e1f377/seed43 (seed 43)",
     ]
+
+
+def test_spread_names_a_claims_caveat_row_and_counts_it_over_the_runs_where_the_claim_held() -> None:
+    """metrics.json's `<claim>_weak` (1: the claim held only with a caveat, such as a gap within
+    noise; absent where it did not hold) was printed as a bare `a_weak` row under "1 holds, 0 does
+    not", so `a_weak ... 0 of 2` read as a claim that failed in both runs when it held cleanly."""
+    clean, caveat, failed = (json.loads(json.dumps(_committed_metrics())) for _ in range(3))
+    clean["claims"]["qa/test"] |= {"a": 1, "a_weak": 0}
+    caveat["claims"]["qa/test"] |= {"a": 1, "a_weak": 1}
+    failed["claims"]["qa/test"]["a"] = 0
+    failed["claims"]["qa/test"].pop("a_weak", None)
+    table = spread_markdown({"clean": clean, "caveat": caveat, "failed": failed})
+    [row] = [
+        line
+        for line in table.splitlines()
+        if line.startswith("| (a)") and "caveat" in line and "qa/test" in line
+    ]
+    assert row.endswith("| `qa/test` | 0 | 1 | - | 1 of 2 held with a caveat |")
+    assert "a_weak" not in table

@@ -41,10 +41,11 @@ def _tree_lines(episode: Episode) -> list[str]:
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-    from selfcest.engine import SamplingConfig, TransformersEngine
+    from selfcest import engine
+    from selfcest.engine import SamplingConfig
     from selfcest.model import load_model
-    from selfcest.prompts import qa_root_question
     from selfcest.runtime import Runtime, RuntimeConfig, Task
+    from selfcest.tasks import qa_task
     from selfcest.tokenizer import load_tokenizer
 
     if not Path(args.model).is_dir():  # else transformers reports a failed hub download for a typo
@@ -79,13 +80,18 @@ def cmd_solve(args: argparse.Namespace) -> int:
         root_max_tokens=args.root_max_tokens,
         clone_max_tokens=args.clone_max_tokens,
         max_depth=args.max_depth,
+        expression_halves=not args.no_halves,
+        expression_max_depth=args.halves_max_depth,
     )
-    question = args.question
-    if documents and config.use_tools:
-        question = qa_root_question(question, list(documents))
-    runtime = Runtime(TransformersEngine(model, tokenizer), config)
+    # As the evaluation builds its tasks: a delegating root sees the paragraphs' keys only, a
+    # monolithic reader every paragraph in its prompt.
+    if documents:
+        task = qa_task("cli", args.question, documents, "delegate" if config.use_tools else "monolithic")
+    else:
+        task = Task("cli", args.question)
+    runtime = Runtime(engine.TransformersEngine(model, tokenizer), config)
     sampling = SamplingConfig(temperature=args.temperature, seed=args.seed)
-    [episode] = runtime.run([Task("cli", question, documents=documents)], sampling=sampling)
+    [episode] = runtime.run([task], sampling=sampling)
     if args.json:
         print(json.dumps(episode.to_dict(), indent=2))
         return 0
@@ -231,6 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     solve.add_argument("--clone-max-tokens", type=int, default=96)
     solve.add_argument("--max-depth", type=int, default=1)
     solve.add_argument("--no-tools", action="store_true", help="monolithic: no spawn_clone tool")
+    solve.add_argument(
+        "--no-halves",
+        action="store_true",
+        help="do not offer a sum's `first half` / `second half` to clones by key (params.yaml's "
+        "runtime.expression_halves, on in the default pipeline)",
+    )
+    solve.add_argument(
+        "--halves-max-depth",
+        type=int,
+        default=3,
+        help="the tree depth of an episode that hands halves (runtime.expression_max_depth)",
+    )
     solve.add_argument("--temperature", type=float, default=0.0)
     solve.add_argument("--seed", type=int, default=0)
     solve.add_argument("--device", default="cpu")
