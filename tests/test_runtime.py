@@ -398,6 +398,54 @@ def test_micro_batches_draw_from_their_own_random_streams(tiny_model, tiny_token
     assert len(seeds) == 16 and micro_batch_seed(7, 0) == 7
 
 
+def test_stop_strings_are_matched_in_the_continuation_only(tiny_model, tiny_tokenizer) -> None:
+    """A stop string that begins in the prompt and ends in the first generated token is not in the
+    continuation: the row generates on as without it (it stopped at once, came back as `length` and,
+    beside a longer row, with pad tokens counted as generated). One that the continuation holds
+    stops the row where it ends, kept in the output."""
+    from selfcest.engine import GenerationRequest
+
+    engine = TransformersEngine(tiny_model, tiny_tokenizer)
+    prompts = [
+        tiny_tokenizer.encode(
+            f"<|im_start|>user\nCalculate the value of {e}.<|im_end|>\n<|im_start|>assistant\n"
+        )
+        for e in ("1+2", "3+4+5")
+    ]
+    never = ("\x00",)  # a stop string nothing here decodes to: the same batches, no stop
+
+    def decode(ids: list[int]) -> str:
+        return tiny_tokenizer.decode(ids, skip_special_tokens=False)
+
+    def sampled(stop_strings: tuple[str, ...], seed: int) -> list:
+        requests = [GenerationRequest(p, 12, stop_strings) for p in prompts]
+        return engine.generate(requests, SamplingConfig(temperature=1.0, seed=seed))
+
+    # The random model's first sampled token must decode to plain text for the stop string to span it.
+    for seed in range(200):
+        reference = sampled(never, seed)
+        first = decode(reference[0].token_ids[:1])
+        spanning = "\n" + first  # the prompt ends with "assistant\n"
+        if (
+            first.isascii()
+            and first.strip()
+            and len(reference[0].token_ids) == 12
+            and spanning not in decode(reference[0].token_ids)
+        ):
+            break
+    else:
+        raise AssertionError("no seed gives a plain first token")
+    spanned = sampled((spanning,), seed)
+    assert [(r.token_ids, r.finish_reason) for r in spanned] == [
+        (r.token_ids, r.finish_reason) for r in reference
+    ]
+    inside = decode(reference[0].token_ids[1:3])
+    stopped = sampled((inside,), seed)[0]
+    assert stopped.finish_reason == "stop" and inside in decode(stopped.token_ids)
+    assert stopped.token_ids == reference[0].token_ids[: len(stopped.token_ids)]
+    assert len(stopped.token_ids) <= 3
+
+
 def test_vllm_request_seeds_of_consecutive_rounds_do_not_collide() -> None:
     """The runtime seeds round r's call with seed + 1000 r; a round of 1,440 requests (48 roots x 30
     clones) must not share a request's seed with the next round's (`seed + i` did: 1000 + j and j)."""

@@ -142,6 +142,34 @@ class _PerRowMaxNewTokens(StoppingCriteria):
         return (generated >= self.max_new_tokens).to(input_ids.device)  # type: ignore[return-value]
 
 
+class _StopStringsInContinuation(StoppingCriteria):
+    """Stops a row once its generated tokens, decoded, contain one of `stop_strings`.
+
+    Why not `generate`'s own `stop_strings`: it matches the end of the whole sequence, prompt
+    included, so a stop string that began in the prompt and ended in the first generated token
+    stopped the row, and `_finished_length`, which reads the continuation only (the documented
+    meaning), then saw no stop: the row came back as `length`, padded up to the longest row with the
+    pad tokens counted as generated. Decoding every row at every step costs time, so only requests
+    that ask for stop strings pay it."""
+
+    def __init__(
+        self, prompt_length: int, tokenizer: PreTrainedTokenizerBase, stop_strings: Sequence[str]
+    ) -> None:
+        self.prompt_length = prompt_length
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(stop_strings)
+
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: object
+    ) -> torch.BoolTensor:
+        rows = input_ids[:, self.prompt_length :].tolist()
+        done = [
+            any(stop in self.tokenizer.decode(row, skip_special_tokens=False) for stop in self.stop_strings)
+            for row in rows
+        ]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+
+
 class TransformersEngine:
     """Batched, KV-cached, left-padded generation with `PreTrainedModel.generate` (CPU or GPU).
 
@@ -219,6 +247,8 @@ class TransformersEngine:
             attention_mask[row, width - len(request.prompt_ids) :] = 1
         budgets = torch.tensor([r.max_new_tokens for r in requests], dtype=torch.long)
         criteria = StoppingCriteriaList([_PerRowMaxNewTokens(width, budgets.to(self.device))])
+        if stop_strings:
+            criteria.append(_StopStringsInContinuation(width, self.tokenizer, stop_strings))
         do_sample = sampling.temperature > 0
         config = GenerationConfig(**_GENERATION_DEFAULTS)  # then only what `SamplingConfig` says
         config.update(
@@ -229,11 +259,9 @@ class TransformersEngine:
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_logits=sampling.return_logprobs,
-            stop_strings=list(stop_strings) or None,
         )
         if do_sample:
             config.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        extra: dict[str, object] = {"tokenizer": self.tokenizer} if stop_strings else {}
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             torch.manual_seed(seed)
             output = self.model.generate(
@@ -241,7 +269,6 @@ class TransformersEngine:
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
                 stopping_criteria=criteria,
-                **extra,
             )
         generated = output.sequences[:, width:].cpu()
         logprobs = None
