@@ -293,6 +293,10 @@ def test_checkpoint_hashes_cover_sharded_weights_and_the_tokenizer_files(
     )
     changed = checkpoint_sha256s(copy)
     assert changed["weights"] == single["weights"] and changed != single
+    # the model's configuration changes what the same weights generate: another starting point too
+    config = copy / "config.json"
+    config.write_text(config.read_text(encoding="utf-8").replace('"rope_theta"', '"rope_theta_"'), "utf-8")
+    assert checkpoint_sha256s(copy)["weights"] == single["weights"] and checkpoint_sha256s(copy) != changed
 
 
 def test_chat_template_renders_a_system_message_after_the_first_as_its_own_turn(tiny_tokenizer) -> None:

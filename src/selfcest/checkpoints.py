@@ -15,8 +15,10 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from selfcest.hashing import file_sha256
 
 FINGERPRINT_FILE = "selfcest_fingerprint.json"
-# Files beside the weights that change what a checkpoint does with the same weights.
+# Files beside the weights that change what a checkpoint does with the same weights: the tokenizer's,
+# and the model's configuration (`rope_theta`, say) and generation defaults (its end-of-turn ids).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+CONFIG_FILES = ("config.json", "generation_config.json")
 
 
 def weights_sha256(checkpoint: Path | str) -> str | None:
@@ -35,13 +37,17 @@ def weights_sha256(checkpoint: Path | str) -> str | None:
 
 
 def checkpoint_sha256s(checkpoint: Path | str) -> dict[str, str | None]:
-    """What a run started from a checkpoint depends on: its weights and its tokenizer files (a fixed
-    chat template or retrained merges change every episode with the same weights). For run
-    fingerprints: a killed run resumes only from checkpoints made with the same starting point."""
+    """What a run started from a checkpoint depends on: its weights, its tokenizer files (a fixed
+    chat template or retrained merges change every episode with the same weights) and its model and
+    generation configuration (another `rope_theta` or end-of-sequence id changes what the same weights
+    generate). For run fingerprints: a killed run resumes only from checkpoints made with the same
+    starting point."""
     checkpoint = Path(checkpoint)
     hashes: dict[str, str | None] = {"weights": weights_sha256(checkpoint)}
     hashes |= {
-        name: file_sha256(checkpoint / name) for name in TOKENIZER_FILES if (checkpoint / name).exists()
+        name: file_sha256(checkpoint / name)
+        for name in TOKENIZER_FILES + CONFIG_FILES
+        if (checkpoint / name).exists()
     }
     return hashes
 
