@@ -390,6 +390,18 @@ def test_settings_per_dataset() -> None:
         )
 
 
+def test_settings_refuse_budgets_that_are_not_positive_whole_numbers_or_repeat() -> None:
+    """A budget of 0 (or below) ran a cell whose rows could generate nothing and put them in the
+    report; 8.5 became 8 and a repeated budget ran twice, unnoticed. Each stops the cell (and the
+    report) naming the setting."""
+    for bad in ([0, 128], [-8, 128], [8.5, 128], [True, 128], ["64", 128]):
+        with pytest.raises(ValueError, match=r"eval.budgets.qa must be positive whole numbers"):
+            settings_for({"budgets": {"qa": bad}, "report": {"reference_budget": {"qa": 128}}}, "qa")
+    with pytest.raises(ValueError, match=r"eval.budgets.qa lists \[128\] more than once"):
+        settings_for({"budgets": {"qa": [128, 64, 128]}, "report": {}}, "qa")
+    assert settings_for({"budgets": 64, "report": {}}, "qa").budgets == [64]  # one budget for all
+
+
 # --------------------------------------------------------------------------- the report stage on synthetic cells
 HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 # Problem i of every cell: its arithmetic expression (2, 2, 3 and 3 terms) and the clones it spawned.

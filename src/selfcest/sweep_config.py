@@ -31,9 +31,10 @@ def settings_for(eval_params: Mapping[str, Any], dataset: str) -> Settings:
     """`eval.budgets`, `eval.report.reference_budget` and `eval.report.auc_max_tokens` for one
     dataset; each may be one value for all datasets or a mapping per dataset. Defaults: the middle
     budget, and the largest budget as the end of the frontier range. A reference budget that is not
-    one of the budgets is an error."""
+    one of the budgets is an error, and so is a budget that is not a positive whole number or one
+    listed twice."""
     report = eval_params.get("report") or {}
-    budgets = sorted(int(b) for b in per_dataset(eval_params.get("budgets"), dataset, []) or [])
+    budgets = _budgets(per_dataset(eval_params.get("budgets"), dataset, []) or [], dataset)
     reference = per_dataset(report.get("reference_budget"), dataset)
     reference = int(reference) if reference is not None else (budgets[len(budgets) // 2] if budgets else 0)
     if budgets and reference not in budgets:
@@ -45,3 +46,21 @@ def settings_for(eval_params: Mapping[str, Any], dataset: str) -> Settings:
     auc_max = per_dataset(report.get("auc_max_tokens"), dataset)
     auc_max = float(auc_max) if auc_max is not None else float(max(budgets, default=1))
     return Settings(budgets, reference, auc_max)
+
+
+def _budgets(values: Any, dataset: str) -> list[int]:
+    """`eval.budgets.<dataset>`, sorted. A budget of 0 or below would run a cell of rows that can
+    generate nothing (`int()` would cut 8.5 to 8 and read "64" as 64 unnoticed), and one listed
+    twice would run twice and give the report two rows of one (method, budget)."""
+    if not isinstance(values, list | tuple):
+        values = [values]
+    bad = [b for b in values if isinstance(b, bool) or not isinstance(b, int) or b < 1]
+    if bad:
+        raise ValueError(
+            f"eval.budgets.{dataset} must be positive whole numbers of generated tokens, got {bad!r} "
+            f"in {list(values)!r}"
+        )
+    twice = sorted({b for b in values if list(values).count(b) > 1})
+    if twice:
+        raise ValueError(f"eval.budgets.{dataset} lists {twice} more than once: {list(values)!r}")
+    return sorted(values)
