@@ -37,7 +37,7 @@ _STARTED = time.perf_counter()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/evaluate.py` works too
 
-from selfcest.sweep_config import per_dataset, settings_for  # noqa: E402
+from selfcest.sweep_config import check_sweep_keys, per_dataset, settings_for  # noqa: E402
 from stages.common import PARAMS_FILE, SUPPORT_FILES, file_sha256, load_params, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("evaluate")
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     budgets = settings_for(eval_params, args.dataset).budgets
 
     sweep = eval_params["sweep"]
+    check_sweep_keys(sweep)
     out = args.out or Path("artifacts/eval") / args.dataset / args.split / args.model
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = Path(eval_params.get("checkpoint_dir", "artifacts")) / args.model

@@ -621,6 +621,23 @@ def test_max_problems_per_dataset_and_per_split() -> None:
             max_problems_for({"qa": bad}, "qa", "test")
 
 
+def test_a_misspelt_sweep_setting_stops_the_cell_naming_it(tmp_path: Path, monkeypatch) -> None:
+    """The cells read `eval.sweep` with defaults: `max_problem: 3` ran every problem of the split."""
+    from stages import evaluate
+
+    monkeypatch.chdir(tmp_path)
+    params = _stage_params(tmp_path, tmp_path / "checkpoints" / "tiny")
+    values = yaml.safe_load(params.read_text(encoding="utf-8"))
+    evaluate.check_sweep_keys(values["eval"]["sweep"])  # every key params.yaml has is read
+    values["eval"]["sweep"]["max_problem"] = values["eval"]["sweep"].pop("max_problems")
+    params.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"eval.sweep: unknown key\(s\) \['max_problem'\]"):
+        evaluate.main(
+            ["--params", str(params), "--dataset", "arithmetic", "--split", "test", "--model", "tiny"]
+        )
+    assert not (tmp_path / "artifacts").exists()  # refused before it wrote anything
+
+
 def _cell_payload(directory: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     with gzip.open(directory / "episodes.jsonl.gz", "rt") as handle:
         records = [json.loads(line) for line in handle]

@@ -18,6 +18,33 @@ def per_dataset(value: Any, dataset: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+SWEEP_KEYS = frozenset(
+    {
+        "max_problems",
+        "seed",
+        "bootstrap_resamples",
+        "batch_size",
+        "threads",
+        "workers",
+        "device",
+        "engine",
+        "vllm",
+        "avg_temperature",
+        "avg_top_p",
+    }
+)
+"""The settings under `eval.sweep` that the evaluation cells read (`stages/evaluate.py`)."""
+
+
+def check_sweep_keys(sweep: Mapping[str, Any] | None) -> None:
+    """Refuse a key under `eval.sweep` that no cell reads: the cells read it with defaults, so a
+    misspelt `max_problem: 48` ran every problem of every split (hours on the paper's models), and
+    a misspelt `bootstrap_resample` the default 1000, unnoticed."""
+    unknown = sorted(set(sweep or {}) - SWEEP_KEYS)
+    if unknown:
+        raise ValueError(f"eval.sweep: unknown key(s) {unknown}; its settings are {sorted(SWEEP_KEYS)}")
+
+
 @dataclass
 class Settings:
     """What a benchmark's report compares at: its budgets, reference budget and frontier range."""
