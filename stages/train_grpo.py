@@ -14,7 +14,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -28,7 +28,7 @@ from selfcest.checkpoints import (  # noqa: E402
 )
 from selfcest.grpo import SelfcestConfig, TrainingConfig, build_trainer  # noqa: E402
 from selfcest.model import load_model  # noqa: E402
-from selfcest.rewards import GateConfig, RewardConfig  # noqa: E402
+from selfcest.rewards import GateConfig, GateMode, RewardConfig  # noqa: E402
 from selfcest.runtime import RuntimeConfig  # noqa: E402
 from selfcest.tasks import task_from_record  # noqa: E402
 from selfcest.tokenizer import load_tokenizer  # noqa: E402
@@ -55,10 +55,49 @@ LOG_COLUMNS = [
 ]
 
 
+# Settings with a closed set of values, which the library tells apart by one of them alone (a gate
+# mode that is neither `none` nor `protocol` is the ratio gate; a weighting other than `group` is
+# `token`; an advantage other than `std` is mean-centred): a misspelt value would train as another one.
+CHOICES = {
+    "grpo.clone_weighting": ("token", "group"),
+    "grpo.training.advantage": ("std", "mean"),
+    "grpo.variants.<variant>.gate": get_args(GateMode),
+}
+VARIANT_KEYS = ("use_tools", "gate")
+
+
+def _choice(setting: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{setting} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def check_grpo_params(grpo: dict[str, Any], variant_name: str) -> dict[str, Any]:
+    """Refuse what would train as something else unnoticed, naming the setting; return the variant.
+    A variant holds `use_tools` and `gate` only: any other key (a per-variant `temperature`) is not
+    read, so it is refused rather than ignored."""
+    variants = grpo.get("variants") or {}
+    if variant_name not in variants:
+        raise ValueError(f"grpo.variants has no {variant_name!r}: it has {', '.join(variants) or 'none'}")
+    variant = variants[variant_name] or {}
+    unknown = sorted(set(variant) - set(VARIANT_KEYS))
+    missing = [key for key in VARIANT_KEYS if key not in variant]
+    if unknown or missing:
+        raise ValueError(
+            f"grpo.variants.{variant_name} takes {' and '.join(VARIANT_KEYS)} only"
+            + (f"; unknown: {unknown}" if unknown else "")
+            + (f"; missing: {missing}" if missing else "")
+        )
+    _choice(f"grpo.variants.{variant_name}.gate", variant["gate"], CHOICES["grpo.variants.<variant>.gate"])
+    _choice("grpo.clone_weighting", grpo.get("clone_weighting"), CHOICES["grpo.clone_weighting"])
+    advantage = (grpo.get("training") or {}).get("advantage", "std")
+    _choice("grpo.training.advantage", advantage, CHOICES["grpo.training.advantage"])
+    return variant
+
+
 def selfcest_config(params: dict[str, Any], variant_name: str) -> SelfcestConfig:
     """The rollout, reward and gate settings of one `grpo.variants` entry."""
     grpo = params["grpo"]
-    variant = grpo["variants"][variant_name]
+    variant = check_grpo_params(grpo, variant_name)
     return SelfcestConfig(
         runtime=RuntimeConfig(use_tools=variant["use_tools"], **grpo["runtime"]),
         reward=RewardConfig(**grpo["reward"]),
@@ -84,7 +123,7 @@ def main() -> None:
     setup_logging()
     params = load_params(Path(args.params))
     grpo = params["grpo"]
-    variant = grpo["variants"][args.variant]
+    variant = check_grpo_params(grpo, args.variant)  # before the data are read
     out = Path(args.out or f"artifacts/{args.variant}_model")
     run_dir = Path(args.run_dir or f"artifacts/runs/{args.variant}")
     reports = Path(args.reports)

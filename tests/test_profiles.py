@@ -236,3 +236,50 @@ def test_grpo_gate_options_null_means_no_options() -> None:
     params["grpo"]["gate_options"] = None
     for name, variant in params["grpo"]["variants"].items():
         assert selfcest_config(params, name).gate == GateConfig(mode=variant["gate"])
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        # `protocl` trained as the ratio gate (clone_gate's fall-through), whose 192-token threshold
+        # the tiny profile's 96-token clones never reach: the ungated ablation under the method's name
+        (
+            "variants.selfcest.gate",
+            "protocl",
+            r"grpo.variants.selfcest.gate must be one of none, protocol, ratio",
+        ),
+        ("clone_weighting", "groups", r"grpo.clone_weighting must be one of token, group, got 'groups'"),
+        ("training.advantage", "means", r"grpo.training.advantage must be one of std, mean, got 'means'"),
+        (
+            "variants.selfcest.temperature",
+            0.3,
+            r"grpo.variants.selfcest takes use_tools and gate only; unknown",
+        ),
+    ],
+)
+def test_grpo_settings_that_would_train_as_another_are_refused_by_name(setting, value, message) -> None:
+    from stages.train_grpo import selfcest_config
+
+    params = _params()
+    *path, key = ["grpo", *setting.split(".")]
+    node = params
+    for part in path:
+        node = node[part]
+    node[key] = value
+    with pytest.raises(ValueError, match=message):
+        selfcest_config(params, "selfcest")
+
+
+def test_grpo_variant_missing_or_incomplete_names_the_setting() -> None:
+    from stages.train_grpo import selfcest_config
+
+    params = _params()
+    with pytest.raises(
+        ValueError, match=r"grpo.variants has no 'slefcest': it has selfcest, selfcest_nogate"
+    ):
+        selfcest_config(params, "slefcest")
+    del params["grpo"]["variants"]["noclone"]["gate"]
+    with pytest.raises(
+        ValueError, match=r"grpo.variants.noclone takes use_tools and gate only; missing: \['gate'\]"
+    ):
+        selfcest_config(params, "noclone")
