@@ -28,6 +28,20 @@ from stages.common import PARAMS_FILE, load_params, read_jsonl, setup_logging, w
 
 log = logging.getLogger("report")
 
+# The settings under `eval.report`; each is read with a default, so a misspelt one (`claim_min_gian`)
+# would judge the claims at the default unnoticed: any other key stops the stage.
+REPORT_KEYS = (
+    "reference_budget",
+    "auc_max_tokens",
+    "trace_problems",
+    "claim_splits",
+    "claim_min_gain",
+    "claim_min_correct",
+    "claim_min_token_saving",
+    "claim_methods",
+    "delegation_methods",
+)
+
 
 def write_delegation_by_size(sweep: object, report: dict, path: Path) -> None:
     """Delegation rate and clones per problem by problem size, before (prompted) and after RL."""
@@ -93,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
 
     eval_params = load_params(args.params)["eval"]
     report = eval_params.get("report") or {}
+    unknown = sorted(set(report) - set(REPORT_KEYS))
+    if unknown:
+        raise ValueError(f"eval.report: unknown key(s) {unknown}; its settings are {sorted(REPORT_KEYS)}")
     method_order = list(
         dict.fromkeys(m for methods in (eval_params.get("models") or {}).values() for m in (methods or {}))
     )

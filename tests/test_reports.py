@@ -548,6 +548,22 @@ def _params(tmp_path: Path) -> Path:
     return path
 
 
+def test_a_misspelt_report_setting_stops_the_report_naming_it(tmp_path: Path) -> None:
+    """Every `eval.report` setting is read with a default: `claim_min_gian: 0.10` judged claim (a)
+    at 0.15 unnoticed."""
+    from stages import report
+
+    path = _params(tmp_path)
+    params = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert set(params["eval"]["report"]) <= set(report.REPORT_KEYS)  # params.yaml's own are all known
+    params["eval"]["report"]["claim_min_gian"] = 0.10
+    path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"eval.report: unknown key\(s\) \['claim_min_gian'\]"):
+        report.main(["--params", str(path), "--cells", str(tmp_path / "cells"), "--out", str(out)])
+    assert not out.exists()
+
+
 def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
     from stages import report
 
