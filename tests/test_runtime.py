@@ -780,3 +780,26 @@ def test_a_clone_out_of_its_own_tokens_is_truncated_not_the_episode_out_of_budge
     assert first.depth == 1 and first.generated_tokens == first.max_tokens == 40
     assert (first.status, first.failure) == ("truncated", "hit its token limit before its next turn")
     assert episode.generated_tokens < episode.budget and not episode.budget_exhausted
+
+
+def test_a_lone_surrogate_in_a_task_does_not_crash_the_batch(tiny_tokenizer) -> None:
+    """A root that writes `"\\ud800"` (ASCII, read by json as a lone surrogate) into a clone's task
+    made the tokenizer raise while building the clone's prompt, which ended every episode of the
+    batch; the clone now reads U+FFFD there, and the other episodes finish as usual."""
+
+    def policy(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return "Answer: 2"
+        if "<tool_response>" in last_user(prompt):
+            return "Answer: 3"
+        return (
+            '<tool_call>{"name": "spawn_clone", "arguments": {"objectives": ["add \\ud800 1+1"]}}</tool_call>'
+        )
+
+    episodes = Runtime(ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig()).run(
+        [Task("t", "Do it."), Task("u", "Do it too.")]
+    )
+    for episode in episodes:
+        assert episode.final_answer == "3"
+        assert episode.agents[1].task == "add \ufffd 1+1"
+        json.dumps(episode.to_dict(), ensure_ascii=False).encode("utf-8")
