@@ -803,3 +803,24 @@ def test_a_lone_surrogate_in_a_task_does_not_crash_the_batch(tiny_tokenizer) -> 
         assert episode.final_answer == "3"
         assert episode.agents[1].task == "add \ufffd 1+1"
         json.dumps(episode.to_dict(), ensure_ascii=False).encode("utf-8")
+
+
+@pytest.mark.parametrize("written", ["Answer: 123456", "Answer:\n123456", "Answer:\r\n 123456"])
+def test_an_answer_on_the_line_after_the_marker_cut_by_the_token_limit_is_not_an_answer(
+    tiny_tokenizer, written: str
+) -> None:
+    """`extract_answer` reads the first line after `Answer:` that is not blank, so a cut in that line
+    is a cut answer wherever the line starts: "Answer:\\n12345" of 123456 was taken as answered."""
+    cap = len(tiny_tokenizer.encode(written, add_special_tokens=False)) - 1  # all but the last digit(s)
+
+    def policy(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return written
+        if "<tool_response>" in last_user(prompt):
+            return "Answer: 0"
+        return spawn([{"task": "Say 123456.", "max_tokens": cap}])
+
+    [episode] = Runtime(ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig()).run([Task("t", "Do it.")])
+    clone = episode.agents[1]
+    assert clone.turns[-1].finish_reason == "length" and clone.turns[-1].text.endswith("12345")
+    assert (clone.status, clone.answer) == ("truncated", None)
