@@ -14,6 +14,7 @@ from selfcest.protocol import (
     format_tool_response,
     parse_tool_calls,
 )
+from selfcest.scoring import extract_last_answer
 
 
 def call(objectives: object, **extra: object) -> str:
@@ -220,3 +221,15 @@ def test_a_json_escaped_lone_surrogate_leaves_the_parser_as_a_replacement_charac
         max_objectives=4,
     )
     assert repaired.repairs == 1 and repaired.calls[0].objectives[0].task == "x \ufffd \U0001f600"
+
+
+def test_the_answer_line_ends_at_any_line_break_as_the_scorer_reads_it() -> None:
+    """The runtime's answer (what a parent is told, and what QA scores) and the scorer's reading of
+    the same text agree: a carriage return or other line break ends the answer's line too."""
+    for text in [
+        "Answer: Paris\rFrance",
+        "Answer: Paris\u2028France",
+        "Answer:\r\nParis\r\nFrance",
+        "Answer: Paris",
+    ]:
+        assert extract_answer(text) == extract_last_answer(text) == "Paris"

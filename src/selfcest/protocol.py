@@ -15,7 +15,7 @@ from typing import Any
 import json_repair
 from transformers import PreTrainedTokenizerBase
 
-from selfcest.prompts import ANSWER_MARKER
+from selfcest.scoring import extract_last_answer
 
 TOOL_NAME = "spawn_clone"
 TOOL_CALL_OPEN = "<tool_call>"
@@ -244,13 +244,11 @@ def _string_list(value: Any) -> list[str]:
 
 
 def extract_answer(text: str) -> str | None:
-    """The text after the LAST `Answer:` marker, up to the end of that line; None when absent."""
-    text = str(text)
-    position = text.rfind(ANSWER_MARKER)
-    if position < 0:
-        return None
-    answer = text[position + len(ANSWER_MARKER) :].strip().split("\n", 1)[0].strip()
-    return answer or None
+    """The first non-blank line after the LAST `Answer:` marker, stripped; None when absent or empty.
+
+    The scorer's reading (`selfcest.scoring.extract_last_answer`), so that what a parent is told and
+    what a final answer scores agree: any line break ends the line (`str.splitlines`), not only "\n"."""
+    return extract_last_answer(str(text))
 
 
 def strip_tool_calls(text: str) -> str:
