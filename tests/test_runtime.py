@@ -824,3 +824,17 @@ def test_an_answer_on_the_line_after_the_marker_cut_by_the_token_limit_is_not_an
     clone = episode.agents[1]
     assert clone.turns[-1].finish_reason == "length" and clone.turns[-1].text.endswith("12345")
     assert (clone.status, clone.answer) == ("truncated", None)
+
+
+def test_digits_apart_by_a_space_are_not_two_terms_of_a_sum() -> None:
+    """`parse_terms` dropped spaces before comparing, so "12 7" (no operator: not a sum) was cut into
+    halves as 12+7, and "1 2+3" as 1+2 | 3; neither is a flat sum to cut."""
+    from selfcest.halves import expression_halves, parse_terms, question_expression
+
+    for expr in ["12 7", "1 2+3", "1+2 3"]:
+        with pytest.raises(ValueError):
+            parse_terms(expr)
+        assert expression_halves(expr) == {}
+    assert question_expression(arithmetic_question("12 7")) == "12 7"
+    assert parse_terms("12+7-3") == [12, 7, -3] and parse_terms("-3") == [-3]
+    assert expression_halves("12+7-3") == {"first half": "12+7", "second half": "-3"}
