@@ -14,6 +14,7 @@ from selfcest.protocol import (
     format_tool_response,
     parse_tool_calls,
 )
+from selfcest.scoring import extract_last_answer
 
 
 def call(objectives: object, **extra: object) -> str:
@@ -196,3 +197,39 @@ def test_long_malformed_calls_are_rejected_not_repaired() -> None:
     assert MAX_REPAIR_CHARS < len(well_formed) < MAX_CALL_CHARS
     parsed = parse_tool_calls(well_formed, max_calls=2, max_objectives=4)
     assert [o.task for c in parsed.calls for o in c.objectives] == tasks and not parsed.errors
+
+
+def test_a_json_escaped_lone_surrogate_leaves_the_parser_as_a_replacement_character() -> None:
+    """`"\\ud800"` is six ASCII characters a model can write, and json reads it as a lone surrogate,
+    which no tokenizer encodes and no UTF-8 writer writes: the task that a clone's prompt is built
+    from, and the details that an episode's record keeps, must hold U+FFFD instead. A pair written as
+    two escapes is still the one character it spells."""
+    text = (
+        '<tool_call>{"name": "spawn_clone", "arguments": {"objectives": [{"task": "add \\ud800 1 \\ud83d\\ude00",'
+        ' "context": ["\\udfff", "a"], "max_tokens": "\\udc00"}]}}</tool_call>'
+        '<tool_call>{"name": "\\ud801", "arguments": {}}</tool_call>'
+    )
+    parsed = parse_tool_calls(text, max_calls=2, max_objectives=4, known_context_keys=["a"])
+    [objective] = parsed.calls[0].objectives
+    assert (objective.task, objective.context) == ("add \ufffd 1 \U0001f600", ["a"])
+    assert [e.kind for e in parsed.errors] == ["invalid_max_tokens", "unknown_context_key", "unknown_tool"]
+    for error in parsed.errors:
+        error.detail.encode("utf-8")
+    repaired = parse_tool_calls(
+        '<tool_call>{"name": "spawn_clone", "arguments": {"objectives": ["x \\ud800 \\ud83d\\ude00"',
+        max_calls=2,
+        max_objectives=4,
+    )
+    assert repaired.repairs == 1 and repaired.calls[0].objectives[0].task == "x \ufffd \U0001f600"
+
+
+def test_the_answer_line_ends_at_any_line_break_as_the_scorer_reads_it() -> None:
+    """The runtime's answer (what a parent is told, and what QA scores) and the scorer's reading of
+    the same text agree: a carriage return or other line break ends the answer's line too."""
+    for text in [
+        "Answer: Paris\rFrance",
+        "Answer: Paris\u2028France",
+        "Answer:\r\nParis\r\nFrance",
+        "Answer: Paris",
+    ]:
+        assert extract_answer(text) == extract_last_answer(text) == "Paris"

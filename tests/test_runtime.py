@@ -780,3 +780,61 @@ def test_a_clone_out_of_its_own_tokens_is_truncated_not_the_episode_out_of_budge
     assert first.depth == 1 and first.generated_tokens == first.max_tokens == 40
     assert (first.status, first.failure) == ("truncated", "hit its token limit before its next turn")
     assert episode.generated_tokens < episode.budget and not episode.budget_exhausted
+
+
+def test_a_lone_surrogate_in_a_task_does_not_crash_the_batch(tiny_tokenizer) -> None:
+    """A root that writes `"\\ud800"` (ASCII, read by json as a lone surrogate) into a clone's task
+    made the tokenizer raise while building the clone's prompt, which ended every episode of the
+    batch; the clone now reads U+FFFD there, and the other episodes finish as usual."""
+
+    def policy(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return "Answer: 2"
+        if "<tool_response>" in last_user(prompt):
+            return "Answer: 3"
+        return (
+            '<tool_call>{"name": "spawn_clone", "arguments": {"objectives": ["add \\ud800 1+1"]}}</tool_call>'
+        )
+
+    episodes = Runtime(ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig()).run(
+        [Task("t", "Do it."), Task("u", "Do it too.")]
+    )
+    for episode in episodes:
+        assert episode.final_answer == "3"
+        assert episode.agents[1].task == "add \ufffd 1+1"
+        json.dumps(episode.to_dict(), ensure_ascii=False).encode("utf-8")
+
+
+@pytest.mark.parametrize("written", ["Answer: 123456", "Answer:\n123456", "Answer:\r\n 123456"])
+def test_an_answer_on_the_line_after_the_marker_cut_by_the_token_limit_is_not_an_answer(
+    tiny_tokenizer, written: str
+) -> None:
+    """`extract_answer` reads the first line after `Answer:` that is not blank, so a cut in that line
+    is a cut answer wherever the line starts: "Answer:\\n12345" of 123456 was taken as answered."""
+    cap = len(tiny_tokenizer.encode(written, add_special_tokens=False)) - 1  # all but the last digit(s)
+
+    def policy(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return written
+        if "<tool_response>" in last_user(prompt):
+            return "Answer: 0"
+        return spawn([{"task": "Say 123456.", "max_tokens": cap}])
+
+    [episode] = Runtime(ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig()).run([Task("t", "Do it.")])
+    clone = episode.agents[1]
+    assert clone.turns[-1].finish_reason == "length" and clone.turns[-1].text.endswith("12345")
+    assert (clone.status, clone.answer) == ("truncated", None)
+
+
+def test_digits_apart_by_a_space_are_not_two_terms_of_a_sum() -> None:
+    """`parse_terms` dropped spaces before comparing, so "12 7" (no operator: not a sum) was cut into
+    halves as 12+7, and "1 2+3" as 1+2 | 3; neither is a flat sum to cut."""
+    from selfcest.halves import expression_halves, parse_terms, question_expression
+
+    for expr in ["12 7", "1 2+3", "1+2 3"]:
+        with pytest.raises(ValueError):
+            parse_terms(expr)
+        assert expression_halves(expr) == {}
+    assert question_expression(arithmetic_question("12 7")) == "12 7"
+    assert parse_terms("12+7-3") == [12, 7, -3] and parse_terms("-3") == [-3]
+    assert expression_halves("12+7-3") == {"first half": "12+7", "second half": "-3"}

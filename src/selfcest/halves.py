@@ -20,6 +20,7 @@ from selfcest.prompts import arithmetic_question
 HALF_KEYS = ("first half", "second half")
 
 _TERM = re.compile(r"[+-]?\d+")
+_SPACED_DIGITS = re.compile(r"\d +\d")
 # The prompt's words around the sum, taken from the prompt itself so that the two cannot drift apart.
 _QUESTION_PREFIX, _QUESTION_SUFFIX = arithmetic_question("\0").split("\0")
 _QUESTION = re.compile(re.escape(_QUESTION_PREFIX) + r"(?P<expr>[0-9+\- ]+)" + re.escape(_QUESTION_SUFFIX))
@@ -28,7 +29,8 @@ _QUESTION = re.compile(re.escape(_QUESTION_PREFIX) + r"(?P<expr>[0-9+\- ]+)" + r
 def parse_terms(expr: str) -> list[int]:
     """Signed terms of a `+`/`-` expression: "12+7-3" -> [12, 7, -3]."""
     terms = [int(t) for t in _TERM.findall(expr)]
-    if not terms or "".join(_TERM.findall(expr)) != expr.replace(" ", ""):
+    # A space never parts two digits of a sum: "12 7" is not 12+7.
+    if not terms or "".join(_TERM.findall(expr)) != expr.replace(" ", "") or _SPACED_DIGITS.search(expr):
         raise ValueError(f"not a +/- expression of integers: {expr!r}")
     return terms
 

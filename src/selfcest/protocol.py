@@ -15,7 +15,7 @@ from typing import Any
 import json_repair
 from transformers import PreTrainedTokenizerBase
 
-from selfcest.prompts import ANSWER_MARKER
+from selfcest.scoring import extract_last_answer
 
 TOOL_NAME = "spawn_clone"
 TOOL_CALL_OPEN = "<tool_call>"
@@ -33,6 +33,17 @@ MAX_TASK_CHARS = 4_096
 _CALL_PATTERN = re.compile(
     re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|\Z)", re.S
 )
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: Any) -> str:
+    """`str(value)` as UTF-8 can encode it. JSON spells a surrogate with ASCII (`"\\ud800"`), which
+    json reads as a lone one (json_repair even splits a pair into two); no tokenizer encodes those and
+    no UTF-8 writer writes them, so a pair becomes its character and a lone surrogate U+FFFD."""
+    text = str(value)
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 @dataclass
@@ -59,6 +70,9 @@ class ToolCall:
 class ProtocolError:
     kind: str
     detail: str
+
+    def __post_init__(self) -> None:
+        self.detail = _text(self.detail)  # details quote model text, which the episode's record keeps
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -214,7 +228,7 @@ def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[
             max_tokens = None
         context = list(dict.fromkeys(shared + _string_list(item.get("context"))))  # each key once
         objectives.append(
-            Objective(task=str(task).strip()[:MAX_TASK_CHARS], context=context, max_tokens=max_tokens)
+            Objective(task=_text(task).strip()[:MAX_TASK_CHARS], context=context, max_tokens=max_tokens)
         )
     return objectives
 
@@ -226,17 +240,15 @@ def _string_list(value: Any) -> list[str]:
         value = [value]
     if not isinstance(value, list):
         return []
-    return [str(v) for v in value if isinstance(v, str | int | float)]
+    return [_text(v) for v in value if isinstance(v, str | int | float)]
 
 
 def extract_answer(text: str) -> str | None:
-    """The text after the LAST `Answer:` marker, up to the end of that line; None when absent."""
-    text = str(text)
-    position = text.rfind(ANSWER_MARKER)
-    if position < 0:
-        return None
-    answer = text[position + len(ANSWER_MARKER) :].strip().split("\n", 1)[0].strip()
-    return answer or None
+    """The first non-blank line after the LAST `Answer:` marker, stripped; None when absent or empty.
+
+    The scorer's reading (`selfcest.scoring.extract_last_answer`), so that what a parent is told and
+    what a final answer scores agree: any line break ends the line (`str.splitlines`), not only "\n"."""
+    return extract_last_answer(str(text))
 
 
 def strip_tool_calls(text: str) -> str:

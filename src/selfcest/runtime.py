@@ -687,6 +687,8 @@ def _critical_path(agents: list[AgentRecord], index: int) -> int:
 
 
 def _answer_line_open(text: str) -> bool:
-    """Whether the last `Answer:` marker's line runs to the end of `text` (tool calls stripped)."""
+    """Whether the line `extract_answer` reads (the first non-blank one after the last `Answer:`
+    marker, which need not be the marker's own) runs to the end of `text` (tool calls stripped)."""
     position = text.rfind(ANSWER_MARKER)
-    return position >= 0 and "\n" not in text[position:].rstrip(" \t")
+    rest = text[position + len(ANSWER_MARKER) :].lstrip().rstrip(" \t")
+    return position >= 0 and rest.splitlines() in ([], [rest])
