@@ -233,3 +233,33 @@ def test_the_answer_line_ends_at_any_line_break_as_the_scorer_reads_it() -> None
         "Answer: Paris",
     ]:
         assert extract_answer(text) == extract_last_answer(text) == "Paris"
+
+
+def test_a_yes_no_budget_and_a_context_that_is_no_list_of_keys_are_protocol_errors() -> None:
+    """`max_tokens: true` was read as 1 (int(True)), and a mapping as `context` (or items in it that
+    are no key) was dropped without a word: each is the root's malformed argument, recorded as one."""
+    parsed = parse_tool_calls(
+        call(
+            [
+                {"task": "a", "max_tokens": True},
+                {"task": "b", "context": {"k": "v"}},
+                {"task": "c", "context": ["k", {"x": 1}]},
+                {"task": "d", "context": ["k"], "max_tokens": 8},
+            ]
+        ),
+        max_calls=2,
+        max_objectives=8,
+        known_context_keys=["k"],
+    )
+    assert [(e.kind, e.detail.split(":")[0]) for e in parsed.errors] == [
+        ("invalid_max_tokens", "objective 0"),
+        ("invalid_context", "objective 1"),
+        ("invalid_context", "objective 2"),
+    ]
+    objectives = parsed.calls[0].objectives
+    assert [(o.task, o.context, o.max_tokens) for o in objectives] == [
+        ("a", [], None),
+        ("b", [], None),
+        ("c", ["k"], None),
+        ("d", ["k"], 8),
+    ]

@@ -25,7 +25,8 @@ MAX_CALL_CHARS = 16_384
 MAX_REPAIR_CHARS = 4_096
 """Malformed JSON longer than this is rejected, not repaired: json_repair's time grows about with the
 square of the length on adversarial bodies (measured: 0.05 s at 1,000 characters, 0.7 s at 4,000,
-17 s at 16,000), and parsing runs between the engine's batches, so one bad turn would stall them all.
+17 s at 16,000; the worst bodies found since, such as runs of `"[{`, take 2.2 s at 4,096), and parsing
+runs between the engine's batches, so one bad turn would stall them all.
 Well-formed calls up to MAX_CALL_CHARS are read by `json.loads`, which is linear."""
 MAX_SCAN_CHARS = 262_144
 """Only this much of a turn is scanned for tool calls."""
@@ -215,6 +216,9 @@ def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[
             objectives.append(Objective(task="", invalid="no task"))
             continue
         max_tokens = item.get("max_tokens")
+        if isinstance(max_tokens, bool):  # int(True) is 1: a yes/no is no token count
+            errors.append(ProtocolError("invalid_max_tokens", f"objective {index}: {max_tokens}"))
+            max_tokens = None
         if max_tokens is not None:
             try:
                 max_tokens = int(max_tokens)
@@ -226,11 +230,23 @@ def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[
         if max_tokens is not None and max_tokens < 1:
             errors.append(ProtocolError("invalid_max_tokens", f"objective {index}: {max_tokens}"))
             max_tokens = None
-        context = list(dict.fromkeys(shared + _string_list(item.get("context"))))  # each key once
+        own = _string_list(item.get("context"))
+        if len(own) < _listed(item.get("context")):  # a mapping, or items that are no key: say so
+            errors.append(
+                ProtocolError("invalid_context", f"objective {index}: {str(item.get('context'))[:80]}")
+            )
+        context = list(dict.fromkeys(shared + own))  # each key once
         objectives.append(
             Objective(task=_text(task).strip()[:MAX_TASK_CHARS], context=context, max_tokens=max_tokens)
         )
     return objectives
+
+
+def _listed(value: Any) -> int:
+    """How many keys `value` offers as a context: a list's items, one for anything else but None."""
+    if value is None:
+        return 0
+    return len(value) if isinstance(value, list) else 1
 
 
 def _string_list(value: Any) -> list[str]:
