@@ -201,7 +201,7 @@ def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[
     if not isinstance(raw, list):
         raw = [raw]
     # The release's `shared_context` applies one list of keys to every objective.
-    shared = _string_list(arguments.get("shared_context"))
+    shared, _ = _string_list(arguments.get("shared_context"))
     objectives = []
     for index, item in enumerate(raw):
         if isinstance(item, str):
@@ -230,8 +230,8 @@ def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[
         if max_tokens is not None and max_tokens < 1:
             errors.append(ProtocolError("invalid_max_tokens", f"objective {index}: {max_tokens}"))
             max_tokens = None
-        own = _string_list(item.get("context"))
-        if len(own) < _listed(item.get("context")):  # a mapping, or items that are no key: say so
+        own, dropped = _string_list(item.get("context"))
+        if dropped:  # a mapping, or items that are no key: say so
             errors.append(
                 ProtocolError("invalid_context", f"objective {index}: {str(item.get('context'))[:80]}")
             )
@@ -242,21 +242,17 @@ def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[
     return objectives
 
 
-def _listed(value: Any) -> int:
-    """How many keys `value` offers as a context: a list's items, one for anything else but None."""
+def _string_list(value: Any) -> tuple[list[str], bool]:
+    """The keys `value` offers (one scalar, or a list's strings and numbers), and whether it offered
+    anything else (a mapping, or list items that are no key), which is left out."""
     if value is None:
-        return 0
-    return len(value) if isinstance(value, list) else 1
-
-
-def _string_list(value: Any) -> list[str]:
-    if value is None:
-        return []
+        return [], False
     if isinstance(value, str | int | float):
         value = [value]
     if not isinstance(value, list):
-        return []
-    return [_text(v) for v in value if isinstance(v, str | int | float)]
+        return [], True
+    keys = [_text(v) for v in value if isinstance(v, str | int | float)]
+    return keys, len(keys) < len(value)
 
 
 def extract_answer(text: str) -> str | None:

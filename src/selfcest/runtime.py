@@ -690,5 +690,7 @@ def _answer_line_open(text: str) -> bool:
     """Whether the line `extract_answer` reads (the first non-blank one after the last `Answer:`
     marker, which need not be the marker's own) runs to the end of `text` (tool calls stripped)."""
     position = text.rfind(ANSWER_MARKER)
+    if position < 0:
+        return False
     rest = text[position + len(ANSWER_MARKER) :].lstrip().rstrip(" \t")
-    return position >= 0 and rest.splitlines() in ([], [rest])
+    return rest.splitlines() in ([], [rest])
