@@ -104,12 +104,11 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
 
     from selfcest import reports
+    from selfcest.sweep_config import check_keys
 
     eval_params = load_params(args.params)["eval"]
     report = eval_params.get("report") or {}
-    unknown = sorted(set(report) - set(REPORT_KEYS))
-    if unknown:
-        raise ValueError(f"eval.report: unknown key(s) {unknown}; its settings are {sorted(REPORT_KEYS)}")
+    check_keys("eval.report", report, REPORT_KEYS)
     method_order = list(
         dict.fromkeys(m for methods in (eval_params.get("models") or {}).values() for m in (methods or {}))
     )

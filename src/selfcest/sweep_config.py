@@ -6,7 +6,7 @@ reference budget that is not one of the budgets) without depending on the report
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,13 +36,19 @@ SWEEP_KEYS = frozenset(
 """The settings under `eval.sweep` that the evaluation cells read (`stages/evaluate.py`)."""
 
 
-def check_sweep_keys(sweep: Mapping[str, Any] | None) -> None:
-    """Refuse a key under `eval.sweep` that no cell reads: the cells read it with defaults, so a
-    misspelt `max_problem: 48` ran every problem of every split (hours on the paper's models), and
-    a misspelt `bootstrap_resample` the default 1000, unnoticed."""
-    unknown = sorted(set(sweep or {}) - SWEEP_KEYS)
+def check_keys(section: str, values: Mapping[str, Any] | None, known: Iterable[str]) -> None:
+    """Refuse a key under the params section `section` that is none of its `known` settings: they
+    are read with defaults, so a misspelt one would run as the default unnoticed."""
+    unknown = sorted(set(values or {}) - set(known))
     if unknown:
-        raise ValueError(f"eval.sweep: unknown key(s) {unknown}; its settings are {sorted(SWEEP_KEYS)}")
+        raise ValueError(f"{section}: unknown key(s) {unknown}; its settings are {sorted(known)}")
+
+
+def check_sweep_keys(sweep: Mapping[str, Any] | None) -> None:
+    """Refuse a key under `eval.sweep` that no cell reads: a misspelt `max_problem: 48` ran every
+    problem of every split (hours on the paper's models), a misspelt `bootstrap_resample` the
+    default 1000, unnoticed."""
+    check_keys("eval.sweep", sweep, SWEEP_KEYS)
 
 
 @dataclass
