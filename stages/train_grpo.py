@@ -123,7 +123,8 @@ def main() -> None:
     setup_logging()
     params = load_params(Path(args.params))
     grpo = params["grpo"]
-    variant = check_grpo_params(grpo, args.variant)  # before the data are read
+    selfcest = selfcest_config(params, args.variant)  # checks the settings before the data are read
+    variant = grpo["variants"][args.variant]
     out = Path(args.out or f"artifacts/{args.variant}_model")
     run_dir = Path(args.run_dir or f"artifacts/runs/{args.variant}")
     reports = Path(args.reports)
@@ -138,7 +139,6 @@ def main() -> None:
     view = "delegate" if variant["use_tools"] else "monolithic"
     tasks = [task_from_record(record, view) for record in records]
 
-    selfcest = selfcest_config(params, args.variant)
     training = TrainingConfig(**grpo["training"])
     data_hashes = {"arithmetic_train": file_sha256(args.arithmetic), "qa_train": file_sha256(args.qa)}
     run_fingerprint = fingerprint(
