@@ -924,6 +924,19 @@ def test_claim_d_at_the_floor_says_so() -> None:
     assert claim_critical_path(rows, "selfcest", "base").verdict == HOLDS
 
 
+def test_claim_d_asks_a_whole_token_of_saving() -> None:
+    """(d) at base's accuracy with a fraction of a critical-path token fewer is not a shorter path: it
+    fails and says why, with the tokens to one decimal; from `min_token_saving` fewer it holds."""
+    rows = [row("base", 128, 9 / 200, 52.4, 52.4, n=200), row("selfcest", 128, 9 / 200, 110.0, 51.9, n=200)]
+    claim = claim_critical_path(rows, "selfcest", "base")
+    assert claim.status == FAILS
+    assert "52.4 critical-path tokens" in claim.detail and "51.9 (-0.5)" in claim.detail
+    assert "0.50 fewer critical-path tokens per problem is under the 1 asked" in claim.detail
+    assert claim_critical_path(rows, "selfcest", "base", min_token_saving=0.5).status == HOLDS
+    rows[1]["critical_tokens"] = 50.8
+    assert claim_critical_path(rows, "selfcest", "base").status == HOLDS
+
+
 def test_wilson_interval_and_sign_test() -> None:
     low, high = wilson_interval(0, 48)
     assert low == 0.0 and high == pytest.approx(0.0741, abs=1e-4)  # the bootstrap's would be [0, 0]
