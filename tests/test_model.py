@@ -363,3 +363,27 @@ def test_build_model_stage_copies_a_starting_checkpoint_and_warns_when_dvc_would
     assert (out / "model.safetensors").read_bytes() == (tiny_checkpoint / "model.safetensors").read_bytes()
     assert json.loads(report.read_text())["init_from"] == str(tiny_checkpoint)
     assert f"model.init_from {tiny_checkpoint}: it is outside models/" in done.stderr
+
+
+def test_cli_solve_pins_the_pipelines_cpu_kernels_before_torch(tmp_path: Path) -> None:
+    """`selfcest solve` sets ATen's kernel level before torch is imported, as the stages do, so a
+    checkpoint answers as in its evaluation cells (on an AVX-512 machine torch would else pick AVX-512)."""
+    import os
+    import subprocess
+    import sys
+
+    from selfcest.determinism import KERNEL_VARIABLE, OPT_OUT_VARIABLE, cpu_flags, pin_cpu_kernels
+
+    expected = pin_cpu_kernels({}, cpu_flags())
+    if expected is None:
+        pytest.skip("this CPU has no AVX2 and FMA: nothing is pinned")
+    script = (
+        "import os, sys\n"
+        "from selfcest.cli import main\n"
+        f"main(['solve', '--model', {str(tmp_path / 'absent')!r}, 'hi'])\n"
+        "import torch\n"
+        f"print(os.environ.get({KERNEL_VARIABLE!r}), torch.backends.cpu.get_cpu_capability())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in (KERNEL_VARIABLE, OPT_OUT_VARIABLE)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [expected, expected.upper()], out.stdout + out.stderr

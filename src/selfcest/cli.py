@@ -41,6 +41,11 @@ def _tree_lines(episode: Episode) -> list[str]:
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
+    from selfcest.determinism import pin_cpu_kernels
+
+    # Before torch is imported: the pipeline's CPU kernels, so that a checkpoint answers here as it
+    # does in the evaluation cells (selfcest/determinism.py).
+    pin_cpu_kernels()
     from selfcest import engine
     from selfcest.engine import SamplingConfig
     from selfcest.model import load_model
