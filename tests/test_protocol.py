@@ -263,3 +263,18 @@ def test_a_yes_no_budget_and_a_context_that_is_no_list_of_keys_are_protocol_erro
         ("c", ["k"], None),
         ("d", ["k"], 8),
     ]
+
+
+def test_a_shared_context_that_is_no_list_of_keys_is_a_protocol_error() -> None:
+    """The release's `shared_context` as a mapping (or with items that are no key) was dropped without
+    a word, while the same in an objective's `context` is an error; the keys it does offer still apply."""
+    for shared, keys in (({"k": "v"}, []), (["k", {"x": 1}], ["k"]), (["k"], ["k"])):
+        parsed = parse_tool_calls(
+            call([{"task": "a"}], shared_context=shared),
+            max_calls=2,
+            max_objectives=8,
+            known_context_keys=["k"],
+        )
+        errors = [(e.kind, e.detail.split(":")[0]) for e in parsed.errors]
+        assert errors == ([] if shared == ["k"] else [("invalid_context", "shared_context")]), shared
+        assert parsed.calls[0].objectives[0].context == keys

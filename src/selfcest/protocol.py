@@ -201,7 +201,11 @@ def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[
     if not isinstance(raw, list):
         raw = [raw]
     # The release's `shared_context` applies one list of keys to every objective.
-    shared, _ = _string_list(arguments.get("shared_context"))
+    shared, shared_dropped = _string_list(arguments.get("shared_context"))
+    if shared_dropped:  # a mapping, or items that are no key, as for an objective's `context`
+        errors.append(
+            ProtocolError("invalid_context", f"shared_context: {str(arguments.get('shared_context'))[:80]}")
+        )
     objectives = []
     for index, item in enumerate(raw):
         if isinstance(item, str):
