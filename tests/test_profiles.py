@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -104,13 +105,13 @@ def test_overrides_refuse_unknown_keys_and_extra_values_win(tmp_path: Path, caps
     assert "runtime.max_clone_per_call" in capsys.readouterr().err
 
 
-def _through_dvc(tmp_path: Path, overrides: list[str]) -> dict:
-    """params.yaml after `dvc exp run -S <overrides>`, read as DVC reads it (YAML 1.2)."""
+def _through_dvc(tmp_path: Path, overrides: list[str], source: Path = REPO / "params.yaml") -> dict:
+    """`source` (params.yaml) after `dvc exp run -S <overrides>`, read as DVC reads it (YAML 1.2)."""
     from dvc.utils.hydra import apply_overrides
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     params_file = tmp_path / "params.yaml"
-    shutil.copy(REPO / "params.yaml", params_file)
+    shutil.copy(source, params_file)
     apply_overrides(params_file, overrides)
     return load_profile(params_file)
 
@@ -190,18 +191,29 @@ def test_profile_files_read_as_yaml_1_2_and_broken_ones_are_named(tmp_path: Path
 
 
 def test_a_mapping_over_a_scalar_is_one_value_as_dvc_takes_it(tmp_path: Path) -> None:
-    """`eval.sweep.max_problems` is 48 in params.yaml or a mapping per dataset: a mapping set there
-    replaces the number (DVC accepts it), while new keys under a mapping that has keys are refused by
-    both (under an empty one they are added: the next test)."""
-    params = _params()
-    assert not isinstance(params["eval"]["sweep"]["max_problems"], dict)
+    """`eval.sweep.max_problems` is a number or a mapping per dataset: over a number (a params.yaml
+    that holds 48) a mapping set replaces it (DVC accepts it); over params.yaml's mapping it sets
+    those keys and keeps the others, and a number replaces the mapping. New keys under a mapping that
+    has keys are refused by both (under an empty one they are added: the next test)."""
+    scalar = tmp_path / "scalar.yaml"
+    text = (REPO / "params.yaml").read_text(encoding="utf-8")
+    scalar.write_text(re.sub(r"(?m)^(    max_problems: ).*$", r"\g<1>48", text, count=1), encoding="utf-8")
+    params = load_profile(scalar)
+    assert params["eval"]["sweep"]["max_problems"] == 48
     wanted = {"arithmetic": 10, "qa": 20}
     for overrides in (
         profile_overrides({}, params, ["eval.sweep.max_problems={arithmetic: 10, qa: 20}"]),
         profile_overrides({"eval": {"sweep": {"max_problems": wanted}}}, params),
     ):
         assert overrides == ["eval.sweep.max_problems={arithmetic:10,qa:20}"]
-        assert _through_dvc(tmp_path / "dvc", overrides)["eval"]["sweep"]["max_problems"] == wanted
+        applied = _through_dvc(tmp_path / "dvc", overrides, source=scalar)
+        assert applied["eval"]["sweep"]["max_problems"] == wanted
+    params = _params()
+    overrides = profile_overrides({}, params, ["eval.sweep.max_problems={arithmetic: 10, qa: 20}"])
+    applied = _through_dvc(tmp_path / "dvc2", overrides)["eval"]["sweep"]["max_problems"]
+    assert applied == {**params["eval"]["sweep"]["max_problems"], **wanted}
+    overrides = profile_overrides({}, params, ["eval.sweep.max_problems=30"])
+    assert _through_dvc(tmp_path / "dvc3", overrides)["eval"]["sweep"]["max_problems"] == 30
     with pytest.raises(ProfileError, match="eval.report.reference_budget.qa_ood"):
         profile_overrides({}, params, ["eval.report.reference_budget={qa_ood: 64}"])
 
