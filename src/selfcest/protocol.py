@@ -201,11 +201,7 @@ def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[
     if not isinstance(raw, list):
         raw = [raw]
     # The release's `shared_context` applies one list of keys to every objective.
-    shared, shared_dropped = _string_list(arguments.get("shared_context"))
-    if shared_dropped:  # a mapping, or items that are no key, as for an objective's `context`
-        errors.append(
-            ProtocolError("invalid_context", f"shared_context: {str(arguments.get('shared_context'))[:80]}")
-        )
+    shared = _context_keys(arguments.get("shared_context"), "shared_context", errors)
     objectives = []
     for index, item in enumerate(raw):
         if isinstance(item, str):
@@ -234,16 +230,21 @@ def _objectives(arguments: dict[str, Any], errors: list[ProtocolError]) -> list[
         if max_tokens is not None and max_tokens < 1:
             errors.append(ProtocolError("invalid_max_tokens", f"objective {index}: {max_tokens}"))
             max_tokens = None
-        own, dropped = _string_list(item.get("context"))
-        if dropped:  # a mapping, or items that are no key: say so
-            errors.append(
-                ProtocolError("invalid_context", f"objective {index}: {str(item.get('context'))[:80]}")
-            )
+        own = _context_keys(item.get("context"), f"objective {index}", errors)
         context = list(dict.fromkeys(shared + own))  # each key once
         objectives.append(
             Objective(task=_text(task).strip()[:MAX_TASK_CHARS], context=context, max_tokens=max_tokens)
         )
     return objectives
+
+
+def _context_keys(value: Any, where: str, errors: list[ProtocolError]) -> list[str]:
+    """The context keys `value` offers; anything else it offered (a mapping, or items that are no
+    key) is left out and recorded as an `invalid_context` error at `where`."""
+    keys, dropped = _string_list(value)
+    if dropped:
+        errors.append(ProtocolError("invalid_context", f"{where}: {str(value)[:80]}"))
+    return keys
 
 
 def _string_list(value: Any) -> tuple[list[str], bool]:
