@@ -132,7 +132,10 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
 
     from selfcest.evaluation import Evaluator, MethodSpec, evaluate_cell, load_problems
 
-    methods = [MethodSpec.from_params(name, values) for name, values in method_params.items()]
+    methods = [
+        MethodSpec.from_params(name, values, section=f"eval.models.{args.model}.{name}")
+        for name, values in method_params.items()
+    ]
     methods = [m for m in methods if m.applies_to(args.dataset)]
     if not checkpoint.is_dir():
         log.warning("checkpoint %s is missing: writing a `missing` cell", checkpoint)

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
 
     from selfcest import reports
-    from selfcest.sweep_config import check_keys
+    from selfcest.param_checks import check_keys
 
     eval_params = load_params(args.params)["eval"]
     report = eval_params.get("report") or {}

@@ -216,8 +216,10 @@ def test_problems_from_every_source(tmp_path: Path) -> None:
 def test_method_specs_from_params() -> None:
     spec = MethodSpec.from_params("sc@4", {"mode": "monolithic", "samples": 4, "temperature": 0.7})
     assert spec.samples == 4 and spec.applies_to("arithmetic")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^method x: unknown key\(s\) \['sample'\]"):
         MethodSpec.from_params("x", {"mode": "monolithic", "sample": 4})  # typo: unknown setting
+    with pytest.raises(ValueError, match=r"^eval\.models\.m\.x: unknown key\(s\) \['sample'\]"):
+        MethodSpec.from_params("x", {"sample": 4}, section="eval.models.m.x")
     with pytest.raises(ValueError):
         MethodSpec.from_params("x", {"samples": 4})  # sampling needs a temperature
     rag = MethodSpec.from_params("agentic-rag", {"mode": "rag"})
@@ -906,5 +908,5 @@ def test_runtime_params_build_the_config_and_a_misspelt_key_is_an_error() -> Non
     assert config.max_clones_per_call == committed["runtime"]["max_clones_per_call"]
     assert config.root_reserve_tokens == committed["runtime"]["root_reserve_tokens"]
     assert runtime_config_from_params(None) == RuntimeConfig()
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['max_clone_per_call'\]"):
+    with pytest.raises(ValueError, match=r"^runtime: unknown key\(s\) \['max_clone_per_call'\]"):
         runtime_config_from_params({"max_clone_per_call": 2, "max_turns": 3})

@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from selfcest.data.qa import record_documents
 from selfcest.engine import EngineStats, GenerationEngine, SamplingConfig
+from selfcest.param_checks import check_keys
 from selfcest.prompts import ANSWER_MARKER, THINKING_SYSTEM_PROMPT, qa_monolithic_question
 from selfcest.protocol import strip_tool_calls
 from selfcest.runtime import Episode, Runtime, RuntimeConfig, Task
@@ -168,13 +169,13 @@ class MethodSpec:
             self.datasets = ["qa"]
 
     @classmethod
-    def from_params(cls, name: str, values: Mapping[str, Any] | None) -> MethodSpec:
-        known = {f.name for f in fields(cls)} - {"name"}
-        values = dict(values or {})
-        unknown = set(values) - known
-        if unknown:
-            raise ValueError(f"method {name}: unknown settings {sorted(unknown)}")
-        return cls(name=name, **values)
+    def from_params(
+        cls, name: str, values: Mapping[str, Any] | None, section: str | None = None
+    ) -> MethodSpec:
+        """The method `name` from its params mapping; an unknown key is an error naming `section`
+        (the mapping's params path, e.g. `eval.models.warmup_model.base`; default `method <name>`)."""
+        check_keys(section or f"method {name}", values, {f.name for f in fields(cls)} - {"name"})
+        return cls(name=name, **dict(values or {}))
 
     def applies_to(self, dataset: str) -> bool:
         return self.datasets is None or dataset in self.datasets
@@ -363,12 +364,7 @@ class BM25Ranker:
 def runtime_config_from_params(params: Mapping[str, Any] | None) -> RuntimeConfig:
     """A `RuntimeConfig` from the `runtime:` params section. An unknown key is an error: a misspelt
     limit (`max_clone_per_call`) would otherwise run the whole sweep on the default, unnoticed."""
-    names = {f.name for f in fields(RuntimeConfig)}
-    unknown = sorted(set(params or {}) - names)
-    if unknown:
-        raise ValueError(
-            f"params runtime: unknown key(s) {unknown}; RuntimeConfig's fields are {sorted(names)}"
-        )
+    check_keys("runtime", params, {f.name for f in fields(RuntimeConfig)})
     return RuntimeConfig(**dict(params or {}))
 
 

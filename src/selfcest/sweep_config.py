@@ -6,9 +6,11 @@ reference budget that is not one of the budgets) without depending on the report
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from selfcest.param_checks import check_keys
 
 
 def per_dataset(value: Any, dataset: str, default: Any = None) -> Any:
@@ -34,14 +36,6 @@ SWEEP_KEYS = frozenset(
     }
 )
 """The settings under `eval.sweep` that the evaluation cells read (`stages/evaluate.py`)."""
-
-
-def check_keys(section: str, values: Mapping[str, Any] | None, known: Iterable[str]) -> None:
-    """Refuse a key under the params section `section` that is none of its `known` settings: they
-    are read with defaults, so a misspelt one would run as the default unnoticed."""
-    unknown = sorted(set(values or {}) - set(known))
-    if unknown:
-        raise ValueError(f"{section}: unknown key(s) {unknown}; its settings are {sorted(known)}")
 
 
 def check_sweep_keys(sweep: Mapping[str, Any] | None) -> None:

@@ -27,6 +27,8 @@ from typing import Any, TypedDict
 
 import fsspec
 
+from selfcest.param_checks import is_int_setting
+
 # ---------------------------------------------------------------------------------------- schema
 
 
@@ -824,13 +826,9 @@ def synthetic_record(rng: random.Random, cfg: SyntheticSplitConfig, *, split: st
     }
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # YAML's true/false are not counts
-
-
 def _setting_int(value: Any, where: str, *, minimum: int) -> int:
     """One integer setting, at least `minimum`; otherwise a ValueError naming the setting."""
-    if not _is_int(value) or value < minimum:
+    if not is_int_setting(value) or value < minimum:
         raise ValueError(f"{where}: expected an integer >= {minimum}, got {value!r}")
     return int(value)
 
@@ -839,8 +837,8 @@ def _setting_range(value: Any, where: str, *, minimum: int) -> tuple[int, int]:
     """An inclusive range setting, `[min, max]` or one integer for both, with minimum <= min <= max.
     Checked here because a bad one would otherwise surface as random's "empty range for
     randrange()" or an unpacking error, naming no setting."""
-    pair = (value, value) if _is_int(value) else value
-    if not isinstance(pair, list | tuple) or len(pair) != 2 or not all(_is_int(v) for v in pair):
+    pair = (value, value) if is_int_setting(value) else value
+    if not isinstance(pair, list | tuple) or len(pair) != 2 or not all(is_int_setting(v) for v in pair):
         raise ValueError(
             f"{where}: expected an integer or an inclusive range [min, max] of integers, got {value!r}"
         )

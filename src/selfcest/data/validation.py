@@ -38,6 +38,7 @@ from selfcest.data.qa import (
     QARecord,
     Quarantined,
 )
+from selfcest.param_checks import is_int_setting
 
 log = logging.getLogger(__name__)
 # GX logs every import-time registration at INFO; stage scripts run the root logger at INFO.
@@ -89,7 +90,7 @@ def check_limits(limits: Mapping[str, Any], prefix: str = "validation") -> dict[
     counts = [n for n in lim if n.startswith(("min_", "max_")) and n != "max_invalid_fraction"]
     for name in counts:
         value = lim[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int_setting(value) or value < 0:
             raise ValueError(f"{prefix}.{name}: expected an integer >= 0, got {value!r}")
     for lo, hi in LIMIT_RANGES:
         if lim[lo] > lim[hi]:
