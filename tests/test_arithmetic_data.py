@@ -247,7 +247,7 @@ def test_config_validation() -> None:
         ArithmeticConfig(operator_weights={"/": 1})
     with pytest.raises(ValueError, match="num_operators"):
         ArithmeticConfig(num_operators=(5, 3))
-    with pytest.raises(ValueError, match="unknown ArithmeticConfig fields"):
+    with pytest.raises(ValueError, match=r"^ArithmeticConfig: unknown key\(s\) \['num_operator'\]"):
         config_from_mapping({"num_operator": [1, 2]})
     assert ArithmeticConfig(operand_digits=[3, 7]) == ArithmeticConfig()  # type: ignore[arg-type]
 
@@ -364,6 +364,54 @@ def test_splits_reject_bad_params() -> None:
     }
     with pytest.raises(RuntimeError, match="distinct expressions"):
         build_arithmetic_splits(params)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (
+            ("tiers", "hard", "num_operator"),
+            [6, 7],
+            r"^arithmetic\.profiles\.tiny\.tiers\.hard: unknown key\(s\)",
+        ),
+        (
+            ("tiers", "medium", "num_operators"),
+            [5, 4],
+            r"^arithmetic\.profiles\.tiny\.tiers\.medium: num_operators",
+        ),
+        (
+            ("tiers", "easy", "count"),
+            "many",
+            r"^arithmetic\.profiles\.tiny\.tiers\.easy\.count: expected an integer",
+        ),
+        (
+            ("tiers", "easy", "count"),
+            True,
+            r"^arithmetic\.profiles\.tiny\.tiers\.easy\.count: expected an integer",
+        ),
+        (("ood", "operand_digits"), [0, 1], r"^arithmetic\.profiles\.tiny\.ood: operand_digits"),
+        (
+            ("generator", "operator_weights"),
+            {"/": 1},
+            r"^arithmetic\.profiles\.tiny\.generator: operator_weights",
+        ),
+        (("generator", "max_result_digit"), 9, r"^arithmetic\.profiles\.tiny\.generator: unknown key\(s\)"),
+    ],
+)
+def test_a_bad_profile_setting_names_its_params_path(path: tuple[str, ...], value: Any, message: str) -> None:
+    """A typo or bad value in one tier used to raise without saying which tier or section held it
+    (`unknown ArithmeticConfig fields`, `KeyError: 'count'`, `int('many')`)."""
+    params = _small_params()
+    entry = params["profiles"]["tiny"]
+    for key in path[:-1]:
+        entry = entry[key]
+    entry[path[-1]] = value
+    with pytest.raises(ValueError, match=message):
+        build_arithmetic_splits(params)
+    del entry[path[-1]]
+    if path[-1] == "count":
+        with pytest.raises(ValueError, match=message):  # a tier without a count
+            build_arithmetic_splits(params)
 
 
 def test_paper_profile_without_ood() -> None:

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
+from selfcest.param_checks import check_keys, is_int_setting
+
 __all__ = [
     "ARITHMETIC_PROMPT_TEMPLATE",
     "ArithmeticConfig",
@@ -254,12 +256,17 @@ class ArithmeticConfig:
 _CONFIG_FIELDS = {f.name for f in fields(ArithmeticConfig)}
 
 
-def config_from_mapping(values: Mapping[str, Any], base: ArithmeticConfig | None = None) -> ArithmeticConfig:
-    """`base` (default: paper constants) with the fields in `values` replaced; unknown keys raise."""
-    unknown = set(values) - _CONFIG_FIELDS
-    if unknown:
-        raise ValueError(f"unknown ArithmeticConfig fields: {sorted(unknown)}")
-    return replace(base or ArithmeticConfig(), **dict(values))
+def config_from_mapping(
+    values: Mapping[str, Any], base: ArithmeticConfig | None = None, section: str = "ArithmeticConfig"
+) -> ArithmeticConfig:
+    """`base` (default: paper constants) with the fields in `values` replaced. An unknown key or a
+    bad value raises a ValueError that starts with `section`, the mapping's params path (e.g.
+    `arithmetic.profiles.tiny.tiers.hard`), so that the message says which entry to fix."""
+    check_keys(section, values, _CONFIG_FIELDS)
+    try:
+        return replace(base or ArithmeticConfig(), **dict(values))
+    except (TypeError, ValueError) as err:  # a value of the wrong type, a range or weight out of bounds
+        raise ValueError(f"{section}: {err}") from err
 
 
 def _random_operand(rng: random.Random, digits: tuple[int, int]) -> str:
@@ -385,12 +392,12 @@ DEFAULT_PROFILE = "tiny"
 """The arithmetic profile used when params name none."""
 
 
-def _profile(params: Mapping[str, Any]) -> Mapping[str, Any]:
+def _profile(params: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
     name = params.get("profile", DEFAULT_PROFILE)
     profiles = params.get("profiles", {})
     if name not in profiles:
         raise ValueError(f"arithmetic.profile {name!r} not in arithmetic.profiles ({sorted(profiles)})")
-    return profiles[name]
+    return name, profiles[name]
 
 
 def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -407,18 +414,27 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
     test_fraction = float(params.get("test_fraction", 0.1))
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError("test_fraction must be in [0, 1)")
-    profile = _profile(params)
-    base = config_from_mapping(profile.get("generator") or {})
+    profile_name, profile = _profile(params)
+    where = f"arithmetic.profiles.{profile_name}"
+    base = config_from_mapping(profile.get("generator") or {}, section=f"{where}.generator")
 
-    def tier_config(spec: Mapping[str, Any]) -> tuple[ArithmeticConfig, int]:
+    def tier_config(spec: Mapping[str, Any], section: str) -> tuple[ArithmeticConfig, int]:
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"{section}: expected a mapping with `count` and generator fields, got {spec!r}")
+        count = spec.get("count")
+        if not is_int_setting(count) or count < 1:
+            raise ValueError(f"{section}.count: expected an integer >= 1, got {count!r}")
         overrides = {k: v for k, v in spec.items() if k != "count"}
-        return config_from_mapping(overrides, base), int(spec["count"])
+        return config_from_mapping(overrides, base, section=section), count
 
-    tiers = {name: tier_config(spec) for name, spec in (profile.get("tiers") or {}).items()}
+    tiers = {
+        name: tier_config(spec, f"{where}.tiers.{name}")
+        for name, spec in (profile.get("tiers") or {}).items()
+    }
     if not tiers:
         raise ValueError("the arithmetic profile defines no tiers")
     ood_spec = profile.get("ood")
-    ood = tier_config(ood_spec) if ood_spec else None
+    ood = tier_config(ood_spec, f"{where}.ood") if ood_spec else None
     if ood is not None:
         longest_train = max(cfg.num_operators[1] for cfg, _ in tiers.values())
         if ood[0].num_operators[0] <= longest_train:
