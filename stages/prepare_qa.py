@@ -148,8 +148,9 @@ def quarantine_train_overlaps(
 def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quarantined], dict[str, Any]]:
     """Everything but the writing: (kept splits, quarantined, metrics)."""
     qa = params["qa"]
-    limits = params.get("validation") or {}
-    check_limits(limits)  # before any generating or reading: a bad setting fails at once, naming itself
+    # Checked before any generating or reading: a bad setting fails at once, naming itself. `limits`
+    # is then the checked settings over their defaults, the same that `validate_records` applies.
+    limits = check_limits(params.get("validation") or {})
     splits: dict[str, list[QARecord]] = {}
     quarantined: list[Quarantined] = []
     metrics: dict[str, Any] = {"sources": {}, "splits": {}, "expectations": {}}
@@ -315,7 +316,7 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
         unanswerable=sum(1 for q in quarantined if q.stage == UNANSWERABLE),
         overlaps_train=len(overlaps),
         invalid_fraction=invalid / judged if judged else 0.0,
-        max_invalid_fraction=float((limits or {}).get("max_invalid_fraction", 0.05)),
+        max_invalid_fraction=float(limits["max_invalid_fraction"]),
     )
     return splits, quarantined, metrics
 

@@ -459,3 +459,20 @@ def test_files_of_one_split_sharing_a_name_keep_their_own_metrics(tmp_path: Path
     _, _, metrics = build(_real_only(tmp_path, sources))
     kept = {name: row["kept"] for name, row in metrics["sources"].items()}
     assert kept == {f"x/{tmp_path / 'a' / 'dev.json'}": 4, f"x/{tmp_path / 'b' / 'dev.json'}": 6}
+
+
+def test_the_stage_reports_the_invalid_fraction_limit_it_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metrics' `max_invalid_fraction` is the checked setting over `DEFAULT_LIMITS`, the one
+    `validate_records` enforces: the stage used to read it again with a default of its own."""
+    sys.path.insert(0, str(ROOT))
+    from selfcest.data import validation
+    from stages.prepare_qa import build
+
+    monkeypatch.setitem(validation.DEFAULT_LIMITS, "max_invalid_fraction", 0.25)
+    synthetic = {"paragraphs": [10, 12], "splits": {"train": {"count": 5}}}
+    params = _real_only(tmp_path, [], synthetic) | {"validation": {}}
+    assert build(params)[2]["max_invalid_fraction"] == 0.25
+    params["validation"] = {"max_invalid_fraction": 0.5}
+    assert build(params)[2]["max_invalid_fraction"] == 0.5
