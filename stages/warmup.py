@@ -70,6 +70,12 @@ def main() -> None:
     for kind in dataset["kind"]:
         kinds[kind] = kinds.get(kind, 0) + 1
     log.info("warm-up on %d conversations: %s", len(dataset), json.dumps(kinds))
+    lengths = {
+        "longest_conversation_tokens": max(
+            k + c for k, c in zip(dataset["length"], dataset["cut_tokens"], strict=True)
+        ),
+        "cut_conversations": sum(1 for c in dataset["cut_tokens"] if c),  # cut to max_length (warned above)
+    }
     data_hashes = {"arithmetic_train": file_sha256(args.arithmetic), "qa_train": file_sha256(args.qa)}
     data_hashes |= {f"held_out:{path}": file_sha256(path) for path in args.held_out}
     # The initial weights do not change with the tokenizer's merges (same vocabulary size), so the
@@ -94,6 +100,7 @@ def main() -> None:
         log_csv=Path(args.log_csv),
     )
     metrics["conversations"] = len(dataset)
+    metrics |= lengths
     metrics["stage_seconds"] = round(time.perf_counter() - started, 1)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

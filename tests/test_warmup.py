@@ -16,6 +16,7 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from selfcest.model import load_model
 from selfcest.teachers import build_warmup_conversations
 from selfcest.warmup import (
+    BOOKKEEPING_COLUMNS,
     AssistantTokenLossSFTTrainer,
     WarmupConfig,
     run_warmup,
@@ -103,7 +104,9 @@ def test_warmup_loss_and_gradients_are_trls_on_the_same_batch(
     conversations = build_warmup_conversations(
         [{"expr": "3+4-2"}, {"expr": "5-1+7+2"}, {"expr": "9-8"}], [], seed=0
     )
-    dataset = tokenize_conversations(conversations, tiny_tokenizer, max_length=512).remove_columns(["kind"])
+    dataset = tokenize_conversations(conversations, tiny_tokenizer, max_length=512).remove_columns(
+        list(BOOKKEEPING_COLUMNS)
+    )
     args = SFTConfig(
         output_dir=str(tmp_path),
         per_device_train_batch_size=4,
@@ -159,6 +162,24 @@ def test_batched_templating_keeps_order_ids_and_masks_of_one_call_per_conversati
         ValueError, match=r"conversation \d+ \(kind arith_\w+\) has no assistant token within 4"
     ):
         tokenize_conversations(conversations, tiny_tokenizer, max_length=4)
+
+
+def test_a_conversation_cut_to_max_length_is_counted_and_warned_about(
+    tiny_tokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A conversation longer than `max_length` loses its end from training: that used to happen
+    without a word. Each row now says how many tokens it lost, and the log counts the cut rows."""
+    conversations = build_warmup_conversations([{"expr": "3+4-2"}, {"expr": "5-1+7+2-3+6"}], [], seed=0)
+    whole = tokenize_conversations(conversations, tiny_tokenizer, max_length=4096)
+    assert whole["cut_tokens"] == [0] * len(whole)
+    longest = max(whole["length"])
+    limit = longest - 3
+    with caplog.at_level("WARNING", logger="selfcest.warmup"):
+        cut = tokenize_conversations(conversations, tiny_tokenizer, max_length=limit)
+    assert cut["cut_tokens"] == [max(0, n - limit) for n in whole["length"]]
+    assert cut["length"] == [min(n, limit) for n in whole["length"]]
+    assert sum(1 for n in cut["cut_tokens"] if n) >= 1
+    assert f"longer than max_length {limit} and were cut (the longest by 3 tokens" in caplog.text
 
 
 def test_a_warmup_killed_after_its_first_epoch_resumes_to_the_same_weights(

@@ -89,12 +89,17 @@ def tokenize_conversations(
     that share a tool schema are templated in batches of `chunk_size`: one batched encode is half
     the time of one call per conversation (measured: 3.4 s against 7.2 s for 8,000) and gives the
     same ids and masks. Rows keep the input order.
+
+    A conversation longer than `max_length` tokens is cut to its first `max_length` (its end is then
+    not learned); the column `cut_tokens` says how many tokens each row lost, and a warning counts
+    the cut rows, so that a too-small `max_length` shows in the log and the stage's metrics.
     """
     by_tools: dict[str | None, list[int]] = {}
     for index, conversation in enumerate(conversations):
         by_tools.setdefault(conversation["tools"] or None, []).append(index)
     encoded_ids: list[list[int]] = [[] for _ in conversations]
     encoded_masks: list[list[int]] = [[] for _ in conversations]
+    cut_tokens = [0 for _ in conversations]
     for tools_json, indices in by_tools.items():
         tools = json.loads(tools_json) if tools_json else None
         for start in range(0, len(indices), chunk_size):
@@ -107,20 +112,38 @@ def tokenize_conversations(
                 return_assistant_tokens_mask=True,
             )
             for row, index in enumerate(chunk):
+                cut_tokens[index] = max(0, len(encoded["input_ids"][row]) - max_length)
                 encoded_ids[index] = list(encoded["input_ids"][row])[:max_length]
                 encoded_masks[index] = list(encoded["assistant_masks"][row])[:max_length]
     for index, mask in enumerate(encoded_masks):
         if sum(mask) == 0:
             kind = conversations[index]["kind"]
             raise ValueError(f"conversation {index} (kind {kind}) has no assistant token within {max_length}")
+    cut = [index for index, tokens in enumerate(cut_tokens) if tokens]
+    if cut:
+        log.warning(
+            "%d of %d conversations are longer than max_length %d and were cut (the longest by %d "
+            "tokens; first: conversation %d, kind %s)",
+            len(cut),
+            len(conversations),
+            max_length,
+            max(cut_tokens),
+            cut[0],
+            conversations[cut[0]]["kind"],
+        )
     return Dataset.from_dict(
         {
             "input_ids": encoded_ids,
             "assistant_masks": encoded_masks,
             "kind": [conversation["kind"] for conversation in conversations],
             "length": [len(ids) for ids in encoded_ids],
+            "cut_tokens": cut_tokens,
         }
     )
+
+
+BOOKKEEPING_COLUMNS = ("kind", "cut_tokens")
+"""Columns of `tokenize_conversations` for the stage's counts, not for the trainer."""
 
 
 class EpochSeededLengthGroupedSampler(LengthGroupedSampler):
@@ -241,7 +264,7 @@ def run_warmup(
     trainer = AssistantTokenLossSFTTrainer(
         model=model,
         args=args,
-        train_dataset=dataset.remove_columns(["kind"]),
+        train_dataset=dataset.remove_columns([c for c in BOOKKEEPING_COLUMNS if c in dataset.column_names]),
         processing_class=tokenizer,
         data_collator=data_collator,
         callbacks=[CsvLogCallback(log_csv, ["loss", "learning_rate", "grad_norm", "mean_token_accuracy"])],
