@@ -144,6 +144,13 @@ def test_answer_keys_group_equivalent_answers() -> None:
     assert answer_key("math", "033") == answer_key("math", "33")
     # str.isdigit() accepts superscripts that int() rejects: a key, not a crash of the whole unit
     assert answer_key("math", None, r"\boxed{4²}") == "4²"
+    # int() refuses over 4,300 digits; a box may hold 20,000 characters
+    assert answer_key("math", None, r"\boxed{00" + "1" * 5000 + "}") == "1" * 5000
+    # \left and \right are sizing noise, but not the start of an arrow: opposite answers stay apart
+    assert answer_key("math", None, r"\boxed{A \rightarrow B}") != answer_key(
+        "math", None, r"\boxed{A \leftarrow B}"
+    )
+    assert answer_key("math", None, r"\boxed{\left( 1, 2 \right)}") == "(1,2)"
 
 
 def math_root_episode(text: str, sample_index: int = 0, status: str = "no_answer") -> Episode:
@@ -339,14 +346,20 @@ def test_math_scoring_finds_the_roots_last_box_once(tiny_tokenizer, monkeypatch)
     import selfcest.scoring
 
     scanned: list[object] = []
-    last_boxed = selfcest.scoring.last_boxed
 
-    def counting(text: object, *args: object, **kwargs: object) -> str | None:
-        scanned.append(text)
-        return last_boxed(text, *args, **kwargs)
+    def counting(read: Any) -> Any:
+        def counted(text: object, *args: object, **kwargs: object) -> str | None:
+            scanned.append(text)
+            return read(text, *args, **kwargs)
 
-    monkeypatch.setattr(selfcest.scoring, "last_boxed", counting)
-    monkeypatch.setattr(selfcest.evaluation, "last_boxed", counting)
+        return counted
+
+    for module, name in (
+        (selfcest.scoring, "last_boxed"),
+        (selfcest.scoring, "last_non_empty_boxed"),
+        (selfcest.evaluation, "last_boxed"),
+    ):
+        monkeypatch.setattr(module, name, counting(getattr(module, name)))
     for reply in ("so \\boxed{204}.", "Answer: 204."):
         evaluator = Evaluator(
             ScriptedEngine(tiny_tokenizer, lambda prompt, r=reply: r), RuntimeConfig(), seed=0

@@ -21,6 +21,7 @@ from selfcest.scoring import (
     extract_last_answer,
     last_boxed,
     math_equivalent,
+    math_final_answer,
     normalize_answer,
     parse_last_integer,
     qa_exact_match,
@@ -129,6 +130,8 @@ def test_normalize_answer() -> None:
         ("no", "no way", 0.0, 0.0),
         ("Paris", "London", 0.0, 0.0),
         (None, "Paris", 0.0, 0.0),
+        ("The", "A", 1.0, 1.0),  # both articles only: F1 agrees with EM (SQuAD 2.0), was 0.0
+        ("The", "Paris", 0.0, 0.0),
     ],
 )
 def test_qa_metrics(pred: str | None, golds: str | list[str], em: float, f1: float) -> None:
@@ -183,6 +186,16 @@ def test_last_boxed(text: object, expected: str | None) -> None:
 def test_last_boxed_is_bounded() -> None:
     assert last_boxed("\\boxed{" + "{" * 100_000) is None
     assert last_boxed("\\boxed{" + "x" * 50 + "}", max_chars=10) is None
+
+
+def test_an_empty_box_after_the_answer_does_not_hide_it() -> None:
+    """A model that echoes the instruction "put the answer in \\boxed{}" after answering was scored
+    wrong: only the last box was read, and an empty one fell through to the `Answer:` line."""
+    text = "So the result is \\boxed{5}. (Remember to put the final answer in \\boxed{}.)"
+    assert last_boxed(text) == ""  # the last box, as the gold reader of MATH solutions wants it
+    assert math_final_answer(text) == "5" and math_equivalent(text, "5")
+    assert math_final_answer("\\boxed{5} and \\boxed{ } \\boxed{6") is None  # a cut box last: unknown
+    assert math_final_answer("\\boxed{} \\boxed{}\nAnswer: 7.") == "7"
 
 
 # --------------------------------------------------------------------------- math

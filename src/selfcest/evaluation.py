@@ -205,7 +205,8 @@ def score_answer(problem: Problem, answer: str | None, text: str = "") -> tuple[
     ), None
 
 
-_MATH_NOISE = re.compile(r"[\s$]|\\[,;!]|\\left|\\right|\\text\{\s*\}")
+# `\left(?![a-zA-Z])`: sizing commands only, not the start of `\leftarrow` or `\rightarrow`.
+_MATH_NOISE = re.compile(r"[\s$]|\\[,;!]|\\left(?![a-zA-Z])|\\right(?![a-zA-Z])|\\text\{\s*\}")
 
 
 def answer_key(dataset: str, answer: str | None, text: str = "") -> Hashable | None:
@@ -218,8 +219,9 @@ def answer_key(dataset: str, answer: str | None, text: str = "") -> Hashable | N
     if not content:
         return None
     key = _MATH_NOISE.sub("", content)
-    # isascii: str.isdigit() also accepts superscripts such as "²", which int() rejects.
-    return str(int(key)) if key.isascii() and key.isdigit() else (key or None)
+    # isascii: str.isdigit() also accepts superscripts such as "²". Leading zeros are stripped as
+    # text, not by int(), which refuses strings of over 4,300 digits (a box may hold 20,000 chars).
+    return (key.lstrip("0") or "0") if key.isascii() and key.isdigit() else (key or None)
 
 
 def math_vote_keys(keys: Sequence[Hashable | None]) -> list[Hashable | None]:

@@ -21,6 +21,7 @@ __all__ = [
     "ANSWER_MARKER",
     "extract_last_answer",
     "last_boxed",
+    "last_non_empty_boxed",
     "math_equivalent",
     "normalize_answer",
     "parse_last_integer",
@@ -126,6 +127,10 @@ def _f1(pred: str, gold: str) -> float:
     if (pred_norm in _SPECIAL_ANSWERS or gold_norm in _SPECIAL_ANSWERS) and pred_norm != gold_norm:
         return 0.0
     pred_tokens, gold_tokens = pred_norm.split(), gold_norm.split()
+    if not pred_tokens or not gold_tokens:
+        # As the SQuAD 2.0 script: an answer of articles and punctuation only ("The") matches only
+        # another such answer, as exact match (which compares the two normalised strings) says.
+        return float(pred_tokens == gold_tokens)
     common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
     if common == 0:
         return 0.0
@@ -155,9 +160,25 @@ def last_boxed(text: object, max_chars: int = 20_000) -> str | None:
     if not isinstance(text, str):
         return None
     matches = list(_BOXED_RE.finditer(text))
-    if not matches:
+    return _box_content(text, matches[-1].end(), max_chars) if matches else None
+
+
+def last_non_empty_boxed(text: object, max_chars: int = 20_000) -> str | None:
+    """Content of the last `\\boxed{...}` that has any: an empty box after the answer (a model that
+    echoes "put your answer in \\boxed{}") does not hide it. None when no box has content, or when an
+    unbalanced box (a cut generation: its answer is unknown) or one longer than `max_chars` comes
+    after the last box with content, as `last_boxed` gives None for such a last box."""
+    if not isinstance(text, str):
         return None
-    i = matches[-1].end()
+    for match in reversed(list(_BOXED_RE.finditer(text))):
+        content = _box_content(text, match.end(), max_chars)
+        if content is None or content.strip():
+            return content
+    return None
+
+
+def _box_content(text: str, i: int, max_chars: int) -> str | None:
+    """The box content that starts at `text[i]` (just after `\\boxed`); None when unbalanced or too long."""
     while i < len(text) and text[i] == " ":
         i += 1
     if i >= len(text):
@@ -229,7 +250,7 @@ def math_final_answer(text: object) -> str | None:
     """The answer a math prediction gives: the content of its last non-empty `\\boxed{}`, else the
     line after its last `Answer:` without a sentence's closing punctuation or Markdown bold, since the
     prompts ask for `Answer: <answer>.` and math-verify reads "204." as a string, not as 204."""
-    boxed = last_boxed(text)
+    boxed = last_non_empty_boxed(text)
     if boxed is not None and boxed.strip():
         return boxed.strip()
     answer = extract_last_answer(text)
