@@ -27,12 +27,14 @@ _QUESTION = re.compile(re.escape(_QUESTION_PREFIX) + r"(?P<expr>[0-9+\- ]+)" + r
 
 
 def parse_terms(expr: str) -> list[int]:
-    """Signed terms of a `+`/`-` expression: "12+7-3" -> [12, 7, -3]."""
-    terms = [int(t) for t in _TERM.findall(expr)]
-    # A space never parts two digits of a sum: "12 7" is not 12+7.
-    if not terms or "".join(_TERM.findall(expr)) != expr.replace(" ", "") or _SPACED_DIGITS.search(expr):
+    """Signed terms of a `+`/`-` expression: "12+7-3" and "12 + 7 - 3" -> [12, 7, -3]."""
+    # Spaces around operators are a user's spelling (`selfcest solve "12 + 7"`), but a space never
+    # parts two digits of a sum: "12 7" is not 12+7.
+    compact = expr.replace(" ", "")
+    found = _TERM.findall(compact)
+    if not found or "".join(found) != compact or _SPACED_DIGITS.search(expr):
         raise ValueError(f"not a +/- expression of integers: {expr!r}")
-    return terms
+    return [int(t) for t in found]
 
 
 def format_terms(terms: Sequence[int]) -> str:
