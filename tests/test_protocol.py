@@ -66,7 +66,7 @@ def test_a_context_key_given_twice_is_handed_once() -> None:
     assert tool_call.objectives[0].context == ["k", "first half"]
 
 
-def test_an_unusable_objective_keeps_its_place_and_a_call_of_only_those_is_dropped() -> None:
+def test_an_unusable_objective_keeps_its_place_and_a_call_of_only_those_spawns_nothing() -> None:
     parsed = parse_tool_calls(call([{"task": ""}, 7, {"task": "q"}]), max_calls=1, max_objectives=8)
     [tool_call] = parsed.calls
     assert [(o.task, o.invalid) for o in tool_call.objectives] == [
@@ -76,7 +76,31 @@ def test_an_unusable_objective_keeps_its_place_and_a_call_of_only_those_is_dropp
     ]
     assert [e.kind for e in parsed.errors] == ["invalid_objective", "invalid_objective"]
     parsed = parse_tool_calls(call([{"task": " "}]), max_calls=1, max_objectives=8)
-    assert parsed.calls == [] and [e.kind for e in parsed.errors] == ["invalid_objective", "no_objectives"]
+    assert parsed.usable_calls == [] and [e.kind for e in parsed.errors] == [
+        "invalid_objective",
+        "no_objectives",
+    ]
+    assert [o.invalid for c in parsed.calls for o in c.objectives] == ["no task"]  # its place is kept
+
+
+def test_a_call_of_unusable_objectives_keeps_their_places_in_the_turns_numbering() -> None:
+    """The call was dropped, so a valid call after it took its places: the root read the first
+    valid objective's answer as `turn1_clone0`, its unusable first objective's place."""
+    text = call([{"task": ""}]) + call([{"task": "task A"}, {"task": "task B"}])
+    parsed = parse_tool_calls(text, max_calls=2, max_objectives=8)
+    places = [o.task or o.invalid for c in parsed.calls for o in c.objectives]
+    assert places == ["no task", "task A", "task B"]
+    assert [len(c.objectives) for c in parsed.usable_calls] == [2]
+
+
+def test_a_block_that_is_no_call_does_not_count_towards_the_call_limit() -> None:
+    text = (
+        "<tool_call>junk</tool_call>" + call([{"task": "A"}]) + call([{"task": "B"}]) + call([{"task": "C"}])
+    )
+    parsed = parse_tool_calls(text, max_calls=2, max_objectives=8)
+    assert [o.task for c in parsed.calls for o in c.objectives] == ["A", "B"]
+    assert [e.kind for e in parsed.errors] == ["invalid_json", "too_many_calls"]
+    assert parsed.errors[-1].detail == "1 blocks after call 2, limit 2"
 
 
 def test_limits_and_bad_fields_become_protocol_errors() -> None:
@@ -108,7 +132,7 @@ def test_other_tools_garbage_and_code_are_errors_never_executed() -> None:
         '<tool_call>{"name": "spawn_clone", "arguments": {"objectives": [{"no_task": 1}]}}</tool_call>',
     ]:
         parsed = parse_tool_calls(text, max_calls=2, max_objectives=5)
-        assert parsed.calls == []
+        assert parsed.usable_calls == []
         assert parsed.errors, text
 
 
@@ -158,6 +182,26 @@ def test_any_json_arguments_never_raise(arguments: object) -> None:
     text = "<tool_call>" + json.dumps({"name": "spawn_clone", "arguments": arguments}) + "</tool_call>"
     parsed = parse_tool_calls(text, max_calls=2, max_objectives=3)
     assert parsed.calls or parsed.errors
+
+
+def test_a_cut_answer_never_reads_as_a_whole_one(tiny_tokenizer) -> None:
+    """The message was cut mid-line: a root of 16 clones that all answered 123456 read
+    `turn1_clone10: 12` and nothing of the clones after it."""
+    outcomes = [CloneOutcome("123456")] * 16
+    whole = format_tool_response(1, outcomes, tiny_tokenizer, line_max_tokens=32, message_max_tokens=1000)
+    assert whole.split("\n") == [f"turn1_clone{i}: 123456" for i in range(16)]
+    limit = len(tiny_tokenizer.encode(whole, add_special_tokens=False)) // 2
+    message = format_tool_response(1, outcomes, tiny_tokenizer, line_max_tokens=32, message_max_tokens=limit)
+    *shown, note = message.split("\n")
+    assert shown == [f"turn1_clone{i}: 123456" for i in range(len(shown))] and 0 < len(shown) < 16
+    assert note == f"({16 - len(shown)} more clone answers left out: message limit)"
+    assert len(tiny_tokenizer.encode(message, add_special_tokens=False)) <= limit
+    line_limit = len(tiny_tokenizer.encode("turn1_clone0: 123456", add_special_tokens=False)) - 1
+    [cut] = format_tool_response(
+        1, outcomes[:1], tiny_tokenizer, line_max_tokens=line_limit, message_max_tokens=1000
+    ).split("\n")
+    assert cut.startswith("turn1_clone0: ") and cut.endswith("...")
+    assert len(tiny_tokenizer.encode(cut, add_special_tokens=False)) <= line_limit
 
 
 def test_tool_message_truncation_stays_within_its_token_limit(tiny_tokenizer) -> None:

@@ -680,6 +680,31 @@ def test_an_unusable_objective_keeps_its_place_in_the_clone_numbering(tiny_token
     ]
 
 
+def test_a_separate_call_of_unusable_objectives_keeps_their_places_too(tiny_tokenizer) -> None:
+    """Written as two calls, the same objectives numbered otherwise: the call with no usable
+    objective was dropped, and the root read task A's answer as `turn1_clone0`."""
+
+    def policy(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return "Answer: " + ("11" if "task A" in prompt else "22")
+        if "<tool_response>" in last_user(prompt):
+            return "Answer: done"
+        return spawn([{"task": ""}]) + spawn([{"task": "task A"}, {"task": "task B"}])
+
+    [episode] = Runtime(ScriptedEngine(tiny_tokenizer, policy), RuntimeConfig()).run([Task("t", "Do it.")])
+    assert [(a.agent_id, a.task) for a in episode.agents[1:]] == [
+        ("root/turn1_clone1", "task A"),
+        ("root/turn1_clone2", "task B"),
+    ]
+    assert episode.root.tool_calls == 1  # the call that started clones
+    message = tiny_tokenizer.decode(episode.root.token_ids).split("<tool_response>")[1]
+    assert message.split("</tool_response>")[0].strip().splitlines() == [
+        "turn1_clone0: failed (invalid objective: no task)",
+        "turn1_clone1: 11",
+        "turn1_clone2: 22",
+    ]
+
+
 def clones_writing(tokenizer, clone_tokens: list[int], objectives: list[dict]) -> ScriptedEngine:  # noqa: ANN001
     """An engine whose root spawns `objectives` and then answers 7, and whose clones each generate
     exactly `clone_tokens` (token ids a text policy could not produce, such as a spelled marker)."""
@@ -838,3 +863,16 @@ def test_digits_apart_by_a_space_are_not_two_terms_of_a_sum() -> None:
     assert question_expression(arithmetic_question("12 7")) == "12 7"
     assert parse_terms("12+7-3") == [12, 7, -3] and parse_terms("-3") == [-3]
     assert expression_halves("12+7-3") == {"first half": "12+7", "second half": "-3"}
+
+
+def test_a_sum_spelt_with_spaces_around_its_operators_is_cut_as_without() -> None:
+    """`"12 + 7"` and `"5- 3"` (a user's spelling, e.g. `selfcest solve`) got no halves at all, while
+    `"12 +7"` did: the terms were read before the spaces were taken out."""
+    from selfcest.halves import expression_halves, parse_terms
+
+    assert parse_terms("12 + 7 - 3") == parse_terms("12+7-3") == [12, 7, -3]
+    assert parse_terms("- 3 + 4") == [-3, 4]
+    assert expression_halves("5- 3") == expression_halves("5 -3") == {"first half": "5", "second half": "-3"}
+    assert expression_halves("1 + 2 + 3 + 4") == {"first half": "1+2", "second half": "3+4"}
+    for expr in ["12 7 + 1", "1 + + 2", "1 +", "+"]:
+        assert expression_halves(expr) == {}, expr

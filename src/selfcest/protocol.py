@@ -66,6 +66,12 @@ class ToolCall:
     repaired: bool = False
     """True when the JSON had to be repaired before it parsed (penalised in the reward)."""
 
+    @property
+    def usable(self) -> bool:
+        """Whether any objective can start a clone; a call of unusable ones only starts none, but
+        its objectives still hold their places in the turn's numbering."""
+        return any(objective.invalid is None for objective in self.objectives)
+
 
 @dataclass
 class ProtocolError:
@@ -82,7 +88,13 @@ class ProtocolError:
 @dataclass
 class ParsedTurn:
     calls: list[ToolCall] = field(default_factory=list)
+    """Every call that parsed, in order, usable or not (see `usable_calls`)."""
     errors: list[ProtocolError] = field(default_factory=list)
+
+    @property
+    def usable_calls(self) -> list[ToolCall]:
+        """The calls that start at least one clone: a turn without any spawns nothing."""
+        return [call for call in self.calls if call.usable]
 
     @property
     def repairs(self) -> int:
@@ -99,7 +111,10 @@ def parse_tool_calls(
     """Every `spawn_clone` call in one assistant turn, up to the limits; never raises.
 
     Calls beyond `max_calls` and objectives beyond `max_objectives` are dropped with a recorded
-    error. Context keys not in `known_context_keys` (when given) are dropped with an error too.
+    error; a block that does not parse as a call is an error of its own and does not count towards
+    `max_calls`. Context keys not in `known_context_keys` (when given) are dropped with an error too.
+    A call whose objectives are all unusable is kept, with a `no_objectives` error, so that its
+    objectives keep their places in the turn's clone numbering (`ParsedTurn.usable_calls`).
     """
     result = ParsedTurn()
     try:
@@ -117,11 +132,15 @@ def _parse_into(
     known_context_keys: Iterable[str] | None,
 ) -> None:
     known = set(known_context_keys) if known_context_keys is not None else None
-    bodies = [match.group(1) for match in _CALL_PATTERN.finditer(text)]
-    if len(bodies) > max_calls:
-        result.errors.append(ProtocolError("too_many_calls", f"{len(bodies)} calls, limit {max_calls}"))
-        bodies = bodies[:max_calls]
-    for body in bodies:
+    bodies = [match.group(1) for match in _CALL_PATTERN.finditer(text)]  # bounded by MAX_SCAN_CHARS
+    for read, body in enumerate(bodies):
+        if len(result.calls) == max_calls:
+            result.errors.append(
+                ProtocolError(
+                    "too_many_calls", f"{len(bodies) - read} blocks after call {max_calls}, limit {max_calls}"
+                )
+            )
+            break
         try:  # one malformed call must not cost the turn its other calls
             call = _parse_call(body.strip(), result.errors)
         except Exception as error:  # noqa: BLE001
@@ -140,10 +159,10 @@ def _parse_into(
                 if unknown:
                     result.errors.append(ProtocolError("unknown_context_key", ", ".join(unknown)[:200]))
                     objective.context = [key for key in objective.context if key in known]
-        if any(objective.invalid is None for objective in call.objectives):
-            result.calls.append(call)
-        else:
+        if not call.usable:
             result.errors.append(ProtocolError("no_objectives", "call has no usable objective"))
+        if call.objectives:  # a call without any holds no places: it is only its errors
+            result.calls.append(call)
 
 
 _TOO_LONG_TO_REPAIR = object()
@@ -289,10 +308,14 @@ def format_tool_response(
     line_max_tokens: int,
     message_max_tokens: int,
 ) -> str:
-    """One line per clone, `turn{t}_clone{i}: <answer>`, as the release; truncated by tokens.
+    """One line per clone, `turn{t}_clone{i}: <answer>`, as the release; bounded by tokens.
 
-    The release cuts lines at 256 and the message at 512 characters; cutting by tokens keeps the
-    cost the same whatever the tokenizer.
+    The release cuts lines at 256 and the message at 512 characters; bounding by tokens keeps the
+    cost the same whatever the tokenizer. Unlike the release, a cut never passes for an answer: a
+    line over `line_max_tokens` is cut and ends in `CUT_MARKER` ("12..." of "123456", never "12"),
+    and the message keeps whole lines only, ending with a line that counts the clones left out
+    when the next one does not fit in `message_max_tokens`. The runtime treats a clone's own cut
+    answer the same way (status `truncated`).
     """
     lines = []
     for index, outcome in enumerate(outcomes):
@@ -300,8 +323,40 @@ def format_tool_response(
             body = outcome.answer
         else:
             body = f"failed ({outcome.failure or 'no answer'})"
-        lines.append(_truncate_tokens(f"turn{turn}_clone{index}: {body}", tokenizer, line_max_tokens))
-    return _truncate_tokens("\n".join(lines), tokenizer, message_max_tokens)
+        lines.append(_cut_line(f"turn{turn}_clone{index}: {body}", tokenizer, line_max_tokens))
+    message = "\n".join(lines)
+    if _token_count(message, tokenizer) <= message_max_tokens:
+        return message
+    for kept in range(len(lines) - 1, -1, -1):  # bounded: one try per line
+        missing = len(lines) - kept
+        left_out = f"({missing} more clone answer{'s' if missing > 1 else ''} left out: message limit)"
+        candidate = "\n".join([*lines[:kept], left_out])
+        if _token_count(candidate, tokenizer) <= message_max_tokens:
+            return candidate
+    return _truncate_tokens(message, tokenizer, message_max_tokens)  # not even the note fits
+
+
+CUT_MARKER = "..."
+"""Ends a tool-message line cut at `line_max_tokens`: a cut answer must not read as a whole one."""
+
+
+def _token_count(text: str, tokenizer: PreTrainedTokenizerBase) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _cut_line(line: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> str:
+    """`line` if it fits in `max_tokens`, else its longest cut that fits with `CUT_MARKER` after it
+    (or the bare cut, when not even the marker fits)."""
+    if _token_count(line, tokenizer) <= max_tokens:
+        return line
+    room = max_tokens - _token_count(CUT_MARKER, tokenizer)
+    if room <= 0:
+        return _truncate_tokens(line, tokenizer, max_tokens)
+    for keep in range(room, 0, -1):  # bounded; the marker may merge with the cut's last token
+        marked = _truncate_tokens(line, tokenizer, keep) + CUT_MARKER
+        if _token_count(marked, tokenizer) <= max_tokens:
+            return marked
+    return _truncate_tokens(line, tokenizer, max_tokens)
 
 
 def _truncate_tokens(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> str:

@@ -440,12 +440,13 @@ class Runtime:
             )
             self._record_errors(state, agent, parsed.errors)
             state.episode.repairs += parsed.repairs
-            if parsed.calls and len(agent.turns) >= config.max_turns:
+            usable = parsed.usable_calls
+            if usable and len(agent.turns) >= config.max_turns:
                 self._record_errors(
                     state, agent, [ProtocolError("turn_limit", "no spawning on the last turn")]
                 )
-            elif parsed.calls:
-                agent.tool_calls += len(parsed.calls)
+            elif usable:
+                agent.tool_calls += len(usable)
                 objectives = [objective for call in parsed.calls for objective in call.objectives]
                 for position, objective in enumerate(objectives):
                     # A clone is never started with fewer tokens than this; asking for fewer is a bad
