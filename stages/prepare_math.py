@@ -26,18 +26,25 @@ from typing import Any
 # `python stages/prepare_math.py` puts stages/ (not the repo root) on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from selfcest.data.math import MathSplit, load_math_split  # noqa: E402
+from selfcest.data.math import MathSplit, check_math_limits, load_math_split  # noqa: E402
 from selfcest.data.qa import canonical_jsonl, records_sha256  # noqa: E402
+from selfcest.param_checks import check_keys  # noqa: E402
 from stages.common import PARAMS_FILE, load_params, resolve_source, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("prepare_math")
+
+MATH_SOURCE_KEYS = ("path", "storage_options", "avg_k")
+"""The settings of one `eval.math_sources` entry (`avg_k` is read by the evaluation cells)."""
 
 
 def build(params: dict[str, Any]) -> dict[str, MathSplit]:
     """Every configured math split, read and validated but not yet checked against the limit."""
     eval_params = params["eval"]
     sources = eval_params.get("math_sources") or {}
-    limits = eval_params.get("math_validation") or {}
+    # Checked before any reading, and even when no math split is configured: a typo fails at once.
+    limits = check_math_limits(eval_params.get("math_validation") or {})
+    for name, source in sources.items():  # a misspelt `avg_k` would run avg@1, unnoticed
+        check_keys(f"eval.math_sources.{name}", source, MATH_SOURCE_KEYS)
     splits: dict[str, MathSplit] = {}
     for name in (eval_params.get("splits") or {}).get("math") or []:
         if name not in sources or not (sources[name] or {}).get("path"):

@@ -51,9 +51,13 @@ from selfcest.data.qa import (  # noqa: E402
     type_guess_accuracy,
 )
 from selfcest.data.validation import check_limits, validate_records  # noqa: E402
+from selfcest.param_checks import check_keys  # noqa: E402
 from stages.common import PARAMS_FILE, load_params, resolve_source, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("prepare_qa")
+
+REAL_SOURCE_KEYS = ("name", "format", "source", "split", "path", "storage_options")
+"""The settings of one `qa.real.sources` entry."""
 
 
 def _features() -> Any:
@@ -164,11 +168,13 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
             slot["unexpected_count"] += res["unexpected_count"]
 
     # ---- synthetic
+    check_keys("qa", qa, ("seed", "synthetic", "real"))
+    check_keys("qa.real", qa.get("real"), ("enabled", "sources"))
     syn = qa.get("synthetic") or {}
     if syn.get("enabled", True):
-        defaults = {
-            k: v for k, v in syn.items() if k in ("hops", "paragraphs", "filler_sentences", "extra_entities")
-        }
+        # Every key but the switch and the splits is a default for the splits, so that `split_config`
+        # refuses a misspelt one by name (a filter to the known keys dropped it, unnoticed).
+        defaults = {k: v for k, v in syn.items() if k not in ("enabled", "splits")}
         configs = {
             name: split_config(spec, defaults, name=name) for name, spec in (syn.get("splits") or {}).items()
         }
@@ -192,7 +198,14 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
     real = qa.get("real") or {}
     if real.get("enabled", True):
         groups: dict[str, list[dict[str, Any]]] = {}
-        for src in real.get("sources") or []:
+        for position, src in enumerate(real.get("sources") or []):
+            entry = f"qa.real.sources[{position}]"
+            if not isinstance(src, Mapping):
+                raise ValueError(f"{entry}: expected a mapping with name, format and path, got {src!r}")
+            check_keys(entry, src, REAL_SOURCE_KEYS)  # a misspelt `storage_options` lost an S3 endpoint
+            missing = [key for key in ("name", "format", "path") if key not in src]
+            if missing:
+                raise ValueError(f"{entry}: missing {', '.join(missing)}")
             groups.setdefault(src["name"], []).append(src)
         for split_name, sources in groups.items():
             if split_name in splits:

@@ -396,6 +396,11 @@ def test_splits_reject_bad_params() -> None:
             r"^arithmetic\.profiles\.tiny\.generator: operator_weights",
         ),
         (("generator", "max_result_digit"), 9, r"^arithmetic\.profiles\.tiny\.generator: unknown key\(s\)"),
+        (
+            ("oood",),
+            {"num_operators": [11, 19], "count": 30},
+            r"^arithmetic\.profiles\.tiny: unknown key\(s\) \['oood'\]",
+        ),
     ],
 )
 def test_a_bad_profile_setting_names_its_params_path(path: tuple[str, ...], value: Any, message: str) -> None:
@@ -412,6 +417,13 @@ def test_a_bad_profile_setting_names_its_params_path(path: tuple[str, ...], valu
     if path[-1] == "count":
         with pytest.raises(ValueError, match=message):  # a tier without a count
             build_arithmetic_splits(params)
+
+
+def test_a_misspelt_top_level_arithmetic_setting_is_refused() -> None:
+    """`test_fracton: 0.5` ran with the default 0.1, unnoticed."""
+    params = _small_params() | {"test_fracton": 0.5}
+    with pytest.raises(ValueError, match=r"^arithmetic: unknown key\(s\) \['test_fracton'\]"):
+        build_arithmetic_splits(params)
 
 
 def test_paper_profile_without_ood() -> None:

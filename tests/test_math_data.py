@@ -186,3 +186,41 @@ def test_stage_reads_local_and_s3_sources_and_writes_the_quarantine_before_stopp
     unknown = _stage_params(tmp_path, sources, ["aime26"])
     with pytest.raises(ValueError, match="eval.splits.math names 'aime26', which has no path"):
         prepare_math.main(["--params", str(unknown)])
+
+
+def test_a_quarantined_record_is_named_as_the_adapter_names_it(tmp_path: Path) -> None:
+    """The quarantine read `id` or `idx` only: a MATH-500 record (`unique_id`) or an AIME 2025 one
+    (no id) was quarantined with no id at all."""
+    path = tmp_path / "m.jsonl"
+    records = [
+        {"problem": "What is 1+1?", "solution": "It is 2.", "unique_id": "test/algebra/1.json"},
+        {"problem": "P2", "answer": ""},
+        {"problem": "P3", "answer": "3", "id": {"not": "text"}},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    split = load_math_split(str(path), source="aime25", enforce=False)
+    assert [q.record_id for q in split.quarantined] == ["test/algebra/1.json", "aime25-1", "aime25-2"]
+    assert "field 'id'" in split.quarantined[2].reasons[0]  # an id of the wrong type is the record's error
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"max_invalid_fracton": 1.0}, r"^eval\.math_validation: unknown key\(s\) \['max_invalid_fracton'\]"),
+        ({"max_invalid_fraction": 2}, r"^eval\.math_validation\.max_invalid_fraction: expected a number"),
+        ({"max_answer_chars": 0}, r"^eval\.math_validation\.max_answer_chars: expected an integer >= 1"),
+    ],
+)
+def test_a_bad_math_limit_is_refused_by_name(limits: dict, message: str) -> None:
+    """Any key was accepted: a misspelt limit kept the default of 0.0, unnoticed."""
+    with pytest.raises(ValueError, match=message):
+        load_math_split(str(AIME24), source="aime24", limits=limits)
+
+
+def test_the_stage_refuses_a_misspelt_math_source_setting(tmp_path: Path) -> None:
+    """`avgk: 8` was accepted, so the cells would have run avg@1."""
+    from stages import prepare_math
+
+    params = _stage_params(tmp_path, {"aime24": {"path": str(AIME24), "avgk": 8}}, [])
+    with pytest.raises(ValueError, match=r"^eval\.math_sources\.aime24: unknown key\(s\) \['avgk'\]"):
+        prepare_math.main(["--params", str(params)])

@@ -6,6 +6,7 @@ import copy
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -476,3 +477,34 @@ def test_the_stage_reports_the_invalid_fraction_limit_it_applied(
     assert build(params)[2]["max_invalid_fraction"] == 0.25
     params["validation"] = {"max_invalid_fraction": 0.5}
     assert build(params)[2]["max_invalid_fraction"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda qa: qa["synthetic"].update(extra_entites=40), r"qa\.synthetic\.extra_entites"),
+        (lambda qa: qa["synthetic"].update(enable=False), r"qa\.synthetic\.enable"),
+        (lambda qa: qa["real"].update(source=[]), r"^qa\.real: unknown key\(s\) \['source'\]"),
+        (lambda qa: qa.update(synthetc={}), r"^qa: unknown key\(s\) \['synthetc'\]"),
+        (
+            lambda qa: qa["real"]["sources"].append(
+                {"name": "x_train", "format": "2wiki", "path": "p", "splt": "train"}
+            ),
+            r"^qa\.real\.sources\[0\]: unknown key\(s\) \['splt'\]",
+        ),
+        (
+            lambda qa: qa["real"]["sources"].append({"name": "x_dev", "format": "2wiki"}),
+            r"^qa\.real\.sources\[0\]: missing path",
+        ),
+    ],
+)
+def test_the_stage_refuses_a_misspelt_qa_setting_by_name(tmp_path: Path, edit: Any, message: str) -> None:
+    """The synthetic defaults were filtered to the known keys before they were checked, and real
+    sources were not checked at all: `extra_entites: 40` ran with 4, `splt: train` as a dev split."""
+    sys.path.insert(0, str(ROOT))
+    from stages.prepare_qa import build
+
+    params = _real_only(tmp_path, [], {"paragraphs": [10, 12], "splits": {"train": {"count": 5}}})
+    edit(params["qa"])
+    with pytest.raises(ValueError, match=message):
+        build(params)

@@ -71,7 +71,7 @@ class SelfcestConfig:
         if self.gate.mode == "ratio" and self.gate.ratio_min_tokens >= cap:
             raise ValueError(
                 f"grpo gate `ratio`: ratio_min_tokens {self.gate.ratio_min_tokens} is not below the clone "
-                f"token cap {cap} (runtime clone_max_tokens), so no clone could ever be gated; set "
+                f"token cap {cap} (grpo.runtime.clone_max_tokens), so no clone could ever be gated; set "
                 "grpo.gate_options.ratio_min_tokens below the cap"
             )
 

@@ -410,12 +410,14 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
     test (`round(test_fraction * count)`) and train; `ood` must use strictly more operators than
     any tier. Expressions are unique across all splits, so test and ood never leak into train.
     """
+    check_keys("arithmetic", params, ("seed", "test_fraction", "profile", "profiles"))
     seed = int(params["seed"])
     test_fraction = float(params.get("test_fraction", 0.1))
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError("test_fraction must be in [0, 1)")
     profile_name, profile = _profile(params)
     where = f"arithmetic.profiles.{profile_name}"
+    check_keys(where, profile, ("generator", "tiers", "ood"))  # a misspelt `ood` gave no ood split
     base = config_from_mapping(profile.get("generator") or {}, section=f"{where}.generator")
 
     def tier_config(spec: Mapping[str, Any], section: str) -> tuple[ArithmeticConfig, int]:

@@ -25,6 +25,7 @@ from typing import Any
 # The QA adapters' record error: one record's field and reason, turned into a Quarantined item.
 from selfcest.data.qa import QADataError, Quarantined, lone_surrogate_field, read_json_records, writable
 from selfcest.data.qa import _RecordError as RecordError
+from selfcest.param_checks import check_keys, is_int_setting
 from selfcest.scoring import last_boxed, math_equivalent
 
 #: Bounds used when params give none.
@@ -93,13 +94,44 @@ def adapt_math_record(raw: Any, *, source: str, index: int) -> dict[str, str]:
                 "no `answer` and no \\boxed{} in `solution`" if solution else "missing (and no `solution`)"
             )
             raise RecordError("answer", where)
-    record_id = _text(raw, "id") or _text(raw, "unique_id") or _text(raw, "idx")
     return {
-        "id": record_id if record_id else f"{source}-{index}",
+        "id": math_record_id(raw, source, index, strict=True),
         "problem": problem,
         "answer": answer,
         "source": source,
     }
+
+
+def math_record_id(raw: Any, source: str, index: int, *, strict: bool = False) -> str:
+    """A record's id: its first non-empty `id`, `unique_id` (MATH-500) or `idx`, else
+    `<source>-<index>` (AIME 2025 files have none), so that adapted and quarantined records are
+    named alike. `strict`: an id that is no text or number raises the record's error (the adapter);
+    otherwise it is passed over (the quarantine, which must name the record whatever it holds)."""
+    if not isinstance(raw, Mapping):
+        return f"{source}-{index}"
+    try:
+        found = _text(raw, "id") or _text(raw, "unique_id") or _text(raw, "idx")
+    except RecordError:
+        if strict:
+            raise
+        found = None
+    return found or f"{source}-{index}"
+
+
+def check_math_limits(
+    limits: Mapping[str, Any] | None, section: str = "eval.math_validation"
+) -> dict[str, Any]:
+    """`limits` over DEFAULT_MATH_LIMITS, checked: an unknown key (a typo would keep the default) or
+    a bad value raises a ValueError naming `<section>.<key>`."""
+    check_keys(section, limits, DEFAULT_MATH_LIMITS)
+    lim = {**DEFAULT_MATH_LIMITS, **(limits or {})}
+    fraction = lim["max_invalid_fraction"]
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction <= 1:
+        raise ValueError(f"{section}.max_invalid_fraction: expected a number in [0, 1], got {fraction!r}")
+    for name in ("max_problem_chars", "max_answer_chars"):
+        if not is_int_setting(lim[name]) or lim[name] < 1:
+            raise ValueError(f"{section}.{name}: expected an integer >= 1, got {lim[name]!r}")
+    return lim
 
 
 def build_math_suite(limits: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -156,7 +188,7 @@ def load_math_split(
     the quarantine first, then calls `MathSplit.check`)."""
     from selfcest.data.validation import expectation_summary, run_expectations
 
-    lim = {**DEFAULT_MATH_LIMITS, **(limits or {})}
+    lim = check_math_limits(limits)
     data = read_json_records(path, storage_options)  # a list: JSON lines, or a top-level JSON list
     if not data:
         raise QADataError(path, "no records")
@@ -169,13 +201,12 @@ def load_math_split(
                 raise RecordError(bad, "holds an escaped lone surrogate (not valid Unicode)")
             adapted.append((index, adapt_math_record(raw, source=source, index=index)))
         except RecordError as exc:
-            rid = raw.get("id", raw.get("idx")) if isinstance(raw, dict) else None
             out.quarantined.append(
                 Quarantined(
                     source,
                     path,
                     index,
-                    None if rid is None else writable(str(rid)),
+                    writable(math_record_id(raw, source, index)),
                     [str(exc)],
                     split=source,
                     record=writable(raw),
