@@ -32,7 +32,7 @@ from selfcest.grpo import (
 )
 from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question
 from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward, length_penalty
-from selfcest.runtime import AgentRecord, Episode, RuntimeConfig, Task
+from selfcest.runtime import AgentRecord, Episode, RuntimeConfig, Task, TurnRecord
 from selfcest.scripted import ScriptedEngine
 
 
@@ -113,6 +113,19 @@ def test_gates() -> None:
     assert clone_gate(clone("failed", 300, None), -0.4, GateConfig("ratio")) == 1.0  # a stated failure
     assert clone_gate(clone("ok"), 0.0, GateConfig("ratio")) == 0.0  # the release's 0/0 side effect
     assert clone_gate(clone("ok"), 0.0, GateConfig("ratio", credit_clones_of_zero_reward_roots=True)) == 1.0
+
+
+def test_a_clone_that_ran_on_to_its_token_limit_after_answering_is_gated() -> None:
+    """Its status is `ok` (the runtime hands its answer on), but the paper counts hitting the token
+    limit as breaking protocol, as `GateConfig` says: it got full credit."""
+    rambler = clone("ok", generated=16)
+    rambler.turns = [TurnRecord("Answer: 2\nblah blah", 16, 16, "length")]
+    assert clone_gate(rambler, 0.7, GateConfig("protocol")) == 0.0
+    assert clone_gate(rambler, 0.0, GateConfig("ratio", credit_clones_of_zero_reward_roots=True)) == 0.0
+    assert clone_gate(rambler, 0.7, GateConfig("none")) == 1.0
+    stopped = clone("ok", generated=9)
+    stopped.turns = [TurnRecord("Answer: 2", 9, 16, "stop")]
+    assert clone_gate(stopped, 0.7, GateConfig("protocol")) == 1.0
 
 
 def test_a_ratio_gate_that_no_clone_can_reach_is_refused() -> None:
@@ -329,6 +342,36 @@ class _Crash(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         if state.global_step == 3:
             raise KeyboardInterrupt("simulated kill")
+
+
+def test_a_resumed_epoch_draws_the_prompts_an_uninterrupted_run_draws(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """TRL's sampler seeds its generator once, so a run resumed in epoch 1 or later (a fresh sampler)
+    replayed epoch 0's order. The trainer's sampler now draws each epoch's order from (seed, epoch),
+    and the Trainer's `set_epoch` reaches it through the dataloader."""
+    from trl.trainer.utils import RepeatSampler
+
+    from selfcest.grpo import EpochSeededRepeatSampler
+
+    settings = {"data_source": list(range(10)), "mini_repeat_count": 2, "batch_size": 3, "seed": 7}
+    running = EpochSeededRepeatSampler(**settings)
+    epochs = []
+    for epoch in range(3):
+        running.set_epoch(epoch)
+        epochs.append(list(running))
+    assert epochs[0] == list(RepeatSampler(**settings))  # epoch 0 is TRL's own order
+    assert epochs[1] != epochs[0]
+    for epoch in (1, 2):
+        resumed = EpochSeededRepeatSampler(**settings)
+        resumed.set_epoch(epoch)
+        assert list(resumed) == epochs[epoch]
+
+    trainer = make_trainer(tiny_checkpoint, tmp_path / "run")
+    loader = trainer.get_train_dataloader()
+    loader.set_epoch(2)
+    sampler = loader.batch_sampler.sampler  # accelerate's DataLoaderShard passes set_epoch on to it
+    assert isinstance(sampler, EpochSeededRepeatSampler) and sampler.epoch == 2
 
 
 @pytest.mark.slow

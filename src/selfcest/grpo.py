@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import torch
 from trl import GRPOTrainer
-from trl.trainer.utils import pad
+from trl.trainer.utils import RepeatSampler, pad
 
 from selfcest.engine import GenerationEngine, SamplingConfig, TransformersEngine
 from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward
@@ -163,8 +163,39 @@ def reward_from_rollout(
     return list(reward)
 
 
+class EpochSeededRepeatSampler(RepeatSampler):
+    """TRL's `RepeatSampler` with a shuffle that is a function of (seed, epoch).
+
+    Why: TRL seeds the sampler's generator once, when it is built, and each epoch draws on from it.
+    A resumed run builds a fresh sampler, so a run killed in epoch 1 or later replayed epoch 0's
+    order and trained on other prompts than an uninterrupted one. The Trainer calls `set_epoch`
+    before every epoch (the warm-up's `EpochSeededLengthGroupedSampler` does the same); epoch 0's
+    order is TRL's own, so a run that never leaves it is unchanged."""
+
+    epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):  # type: ignore[override]
+        if self.shuffle and self.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return super().__iter__()
+
+
 class SelfcestGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose generation batch also trains every clone trajectory, weighted by its gate."""
+
+    def _get_train_sampler(self, dataset: Any = None) -> EpochSeededRepeatSampler:
+        sampler = super()._get_train_sampler(dataset)  # TRL's arguments, kept as they are
+        return EpochSeededRepeatSampler(
+            data_source=sampler.data_source,
+            mini_repeat_count=sampler.mini_repeat_count,
+            batch_size=sampler.batch_size,
+            repeat_count=sampler.repeat_count,
+            shuffle=sampler.shuffle,
+            seed=sampler.seed,
+        )
 
     def __init__(
         self,

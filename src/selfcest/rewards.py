@@ -108,7 +108,11 @@ class GateConfig:
 
 def clone_gate(clone: AgentRecord, root_reward: float, config: GateConfig) -> float:
     """w_i: the factor applied to the root's advantage for one clone's training row."""
-    broke_protocol = clone.status in ("no_answer", "truncated", "budget_exhausted")
+    # The paper's protocol breaks: no parseable answer, or the token limit hit, which a clone that
+    # wrote its `Answer:` line and then ran on to its cap did too (its status is `ok`: the runtime
+    # hands its answer on, but its row is not credited).
+    hit_limit = bool(clone.turns) and clone.turns[-1].finish_reason == "length"
+    broke_protocol = clone.status in ("no_answer", "truncated", "budget_exhausted") or hit_limit
     if config.mode == "none":
         return 1.0
     if config.mode == "protocol":
