@@ -185,6 +185,18 @@ def test_cli_solve_prints_answer_tokens_and_tree(tiny_checkpoint: Path, capsys) 
     assert record["mode"] == "monolithic" and record["generated_tokens"] <= 8
 
 
+def test_cli_solve_without_tools_may_spend_the_whole_budget_as_base_does(
+    tiny_checkpoint: Path, capsys
+) -> None:
+    """`--no-tools` capped the model at the delegating root's 160 tokens whatever `--budget` said;
+    the evaluation's `base` gets the whole budget (the random tiny model never stops early)."""
+    args = ["solve", "--model", str(tiny_checkpoint), "--json", "--no-tools", "--budget", "200", "hi"]
+    assert cli_main(args) == 0
+    assert json.loads(capsys.readouterr().out)["generated_tokens"] > 160
+    assert cli_main([*args, "--root-max-tokens", "20"]) == 0
+    assert json.loads(capsys.readouterr().out)["generated_tokens"] <= 20
+
+
 def test_cli_solve_names_a_bad_model_path_or_documents_file(
     tiny_checkpoint: Path, tmp_path: Path, capsys
 ) -> None:

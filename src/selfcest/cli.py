@@ -82,7 +82,10 @@ def cmd_solve(args: argparse.Namespace) -> int:
     config = RuntimeConfig(
         use_tools=not args.no_tools,
         episode_token_budget=args.budget,
-        root_max_tokens=args.root_max_tokens,
+        # As `Evaluator.config_for`: a monolithic model (`base`) may spend the whole budget.
+        root_max_tokens=args.root_max_tokens
+        if args.root_max_tokens is not None
+        else (args.budget if args.no_tools else RuntimeConfig.root_max_tokens),
         clone_max_tokens=args.clone_max_tokens,
         max_depth=args.max_depth,
         expression_halves=not args.no_halves,
@@ -238,7 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     solve.add_argument("--model", required=True, help="a local Hugging Face checkpoint directory")
     solve.add_argument("--documents", help="JSON file {key: paragraph} handed to clones by key")
     solve.add_argument("--budget", type=int, default=1024, help="tree-wide generated-token budget")
-    solve.add_argument("--root-max-tokens", type=int, default=160)
+    solve.add_argument(
+        "--root-max-tokens",
+        type=int,
+        default=None,
+        help="the root's own token cap (default: the runtime's 160; with --no-tools, --budget)",
+    )
     solve.add_argument("--clone-max-tokens", type=int, default=96)
     solve.add_argument("--max-depth", type=int, default=1)
     solve.add_argument("--no-tools", action="store_true", help="monolithic: no spawn_clone tool")
