@@ -218,6 +218,24 @@ def test_a_mapping_over_a_scalar_is_one_value_as_dvc_takes_it(tmp_path: Path) ->
         profile_overrides({}, params, ["eval.report.reference_budget={qa_ood: 64}"])
 
 
+def test_a_set_mapping_over_a_profiles_scalar_keeps_the_profiles_reset(tmp_path: Path, capsys) -> None:
+    """The paper profile's `max_problems: null` ("every problem") was dropped when `--set` gave a
+    mapping under the same key, so params.yaml's 48/200 came back for the datasets it did not name.
+    DVC, given the profile's value and then the mapping, keeps only the mapping."""
+    params = _params()
+    overrides = profile_overrides(
+        {"eval": {"sweep": {"max_problems": None}}}, params, ["eval.sweep.max_problems={qa: 10}"]
+    )
+    assert overrides == ["eval.sweep.max_problems=null", "eval.sweep.max_problems={qa:10}"]
+    assert _through_dvc(tmp_path / "dvc", overrides)["eval"]["sweep"]["max_problems"] == {"qa": 10}
+    other = tmp_path / "other_params.yaml"
+    other.write_text((REPO / "params.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"runtime": {"max_clone_per_call": 3}}), encoding="utf-8")
+    assert cli_main(["profile", str(bad), "--params", str(other)]) == 2
+    assert f"keys that {other} does not have: runtime.max_clone_per_call" in capsys.readouterr().err
+
+
 def test_keys_under_the_mappings_params_yaml_leaves_empty_are_added_as_dvc_adds_them(tmp_path: Path) -> None:
     """`eval.sweep.vllm` and `grpo.gate_options` are `{}` in params.yaml, for keyword arguments: a key
     under them is new, so it goes to DVC as `+key=value`; a typo elsewhere is still refused."""

@@ -222,7 +222,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     try:
         params = load_profile(args.params)
-        overrides = profile_overrides(load_profile(args.profile), params, args.set)
+        overrides = profile_overrides(load_profile(args.profile), params, args.set, str(args.params))
     except (OSError, ProfileError) as exc:
         print(f"selfcest profile: {exc}", file=sys.stderr)
         return 2

@@ -121,14 +121,33 @@ def parse_set(item: str) -> tuple[str, Any]:
     return key, override.value()
 
 
-def _merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+def _merge(
+    base: Mapping[str, Any],
+    update: Mapping[str, Any],
+    replaced: dict[str, Any] | None = None,
+    prefix: str = "",
+) -> dict[str, Any]:
     """`update` merged into `base` as DVC applies an override: mappings key by key, any other value
-    replacing (a scalar set over a mapping replaces everything under its key)."""
+    replacing (a scalar set over a mapping replaces everything under its key). A mapping set over a
+    value of `base` that is no mapping (a profile's `max_problems: null`) is recorded in `replaced`
+    (dotted key -> that value): DVC applies that value first and the mapping over it, so that
+    params.yaml's own entries under the key do not come back."""
     merged = dict(base)
     for key, value in update.items():
         both = isinstance(merged.get(key), Mapping) and isinstance(value, Mapping)
-        merged[key] = _merge(merged[key], value) if both else value
+        if both:
+            merged[key] = _merge(merged[key], value, replaced, f"{prefix}{key}.")
+            continue
+        if replaced is not None and isinstance(value, Mapping) and key in merged:
+            replaced.setdefault(f"{prefix}{key}", merged[key])
+        merged[key] = value
     return merged
+
+
+def _get(tree: Mapping[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree[part]
+    return tree
 
 
 def _nested(dotted: str, value: Any) -> dict[str, Any]:
@@ -139,24 +158,36 @@ def _nested(dotted: str, value: Any) -> dict[str, Any]:
 
 
 def profile_overrides(
-    profile: Mapping[str, Any], params: Mapping[str, Any], extra: Iterable[str] = ()
+    profile: Mapping[str, Any],
+    params: Mapping[str, Any],
+    extra: Iterable[str] = (),
+    params_name: str = "params.yaml",
 ) -> list[str]:
     """`key=value` overrides for every leaf of `profile`, then `extra` (`key=value` strings, read by
     `parse_set`), which win. A mapping in `extra` is merged leaf by leaf, as DVC merges it, so the
     profile's other values under its key stay; any other value replaces everything under its key.
     Every key must already exist in `params`: an override of a key that does not exist would be a
     typo that DVC adds silently with `+` or refuses without it. The exception: a key under a
-    mapping that params.yaml leaves empty (`eval.sweep.vllm: {}`), which becomes `+key=value`."""
+    mapping that params.yaml leaves empty (`eval.sweep.vllm: {}`), which becomes `+key=value`.
+    A mapping in `extra` over a profile value that is no mapping comes, as one value, after that
+    value's own override (`max_problems=null`, then `max_problems={qa:10}`), as DVC would apply the
+    two in turn: params.yaml's other entries under the key do not come back.
+    `params_name` names the params file in errors."""
     tree: dict[str, Any] = dict(profile)
+    replaced: dict[str, Any] = {}
     for item in extra:
-        tree = _merge(tree, _nested(*parse_set(item)))
+        tree = _merge(tree, _nested(*parse_set(item)), replaced)
     merged = dict(leaves(tree, params=params))
+    for key in replaced:  # the mapping as one value after its reset: DVC refuses new keys under null
+        merged = {k: v for k, v in merged.items() if not k.startswith(f"{key}.")}
+        merged[key] = _get(tree, key)
     missing = [key for key in merged if not _has_key(params, key)]
     added = {key for key in missing if _under_open_mapping(params, key)}
     unknown = [key for key in missing if key not in added]
     if unknown:
-        raise ProfileError(f"keys that params.yaml does not have: {', '.join(unknown)}")
-    return [f"{'+' if key in added else ''}{key}={_value(value)}" for key, value in merged.items()]
+        raise ProfileError(f"keys that {params_name} does not have: {', '.join(unknown)}")
+    first = [f"{key}={_value(value)}" for key, value in replaced.items()]
+    return first + [f"{'+' if key in added else ''}{key}={_value(value)}" for key, value in merged.items()]
 
 
 def read_yaml(text: str, source: Path | str) -> Any:
