@@ -475,6 +475,10 @@ def test_the_checkpoints_generation_config_does_not_leak_into_sampling(tiny_mode
     model = copy.deepcopy(tiny_model)
     model.generation_config.repetition_penalty = 5.0
     model.generation_config.no_repeat_ngram_size = 1
+    # Fields whose global default is None were filled from the checkpoint's config all the same.
+    model.generation_config.suppress_tokens = [argmax[0]]
+    model.generation_config.exponential_decay_length_penalty = (1, 5.0)
+    own = model.generation_config
     from selfcest.engine import GenerationRequest
 
     [result] = TransformersEngine(model, tiny_tokenizer).generate(
@@ -483,6 +487,7 @@ def test_the_checkpoints_generation_config_does_not_leak_into_sampling(tiny_mode
     engine = TransformersEngine(tiny_model, tiny_tokenizer)
     stop = next((i for i, t in enumerate(argmax) if t in engine.stop_ids), len(argmax) - 1)
     assert result.token_ids == argmax[: stop + 1]
+    assert model.generation_config is own  # put back after the call
 
 
 def test_a_special_token_generated_mid_turn_does_not_break_the_batch(tiny_tokenizer) -> None:

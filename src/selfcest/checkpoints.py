@@ -17,7 +17,16 @@ from selfcest.hashing import file_sha256
 FINGERPRINT_FILE = "selfcest_fingerprint.json"
 # Files beside the weights that change what a checkpoint does with the same weights: the tokenizer's,
 # and the model's configuration (`rope_theta`, say) and generation defaults (its end-of-turn ids).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+# `special_tokens_map.json` can swap the end and padding tokens; a template under
+# `additional_chat_templates/` is the one a call with tools renders.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+TOKENIZER_DIRS = ("additional_chat_templates",)
 CONFIG_FILES = ("config.json", "generation_config.json")
 
 
@@ -48,6 +57,12 @@ def checkpoint_sha256s(checkpoint: Path | str) -> dict[str, str | None]:
         name: file_sha256(checkpoint / name)
         for name in TOKENIZER_FILES + CONFIG_FILES
         if (checkpoint / name).exists()
+    }
+    hashes |= {
+        path.relative_to(checkpoint).as_posix(): file_sha256(path)
+        for folder in TOKENIZER_DIRS
+        for path in sorted((checkpoint / folder).rglob("*"))
+        if path.is_file()
     }
     return hashes
 

@@ -262,14 +262,23 @@ class TransformersEngine:
         )
         if do_sample:
             config.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
-            torch.manual_seed(seed)
-            output = self.model.generate(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
-                generation_config=config,
-                stopping_criteria=criteria,
-            )
+        # `generate` also fills the fields that `config` leaves None (min_p, suppress_tokens,
+        # forced_eos_token_id, ...) from the model's own generation config, which `_GENERATION_DEFAULTS`
+        # cannot set back: a bare one stands in for it during the call, so that a checkpoint's
+        # generation_config.json changes nothing here (its end ids come in through `stop_ids`).
+        own_config = self.model.generation_config
+        self.model.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
+        try:
+            with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+                torch.manual_seed(seed)
+                output = self.model.generate(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=attention_mask.to(self.device),
+                    generation_config=config,
+                    stopping_criteria=criteria,
+                )
+        finally:
+            self.model.generation_config = own_config
         generated = output.sequences[:, width:].cpu()
         logprobs = None
         if sampling.return_logprobs:
