@@ -51,6 +51,14 @@ def main() -> None:
         return
     started = time.perf_counter()
     settings = warmup_settings(params["warmup"], seed=params["seed"])
+    # The teacher's clones must see the prompts the runtime gives them: halves offered by key (with
+    # the tool) exactly when the runtime cuts sums into halves.
+    halves = bool((params.get("runtime") or {}).get("expression_halves", False))
+    if (settings.teacher.arithmetic_delegation == "halves") != halves:
+        raise ValueError(
+            f"warmup.teacher.arithmetic_delegation is {settings.teacher.arithmetic_delegation!r} but "
+            f"runtime.expression_halves is {halves}: set halves with true, chunks with false"
+        )
     config, qa_records, qa_root_only = settings.training, settings.qa_records, settings.qa_root_only_records
     tokenizer = load_tokenizer(args.init)
     model = load_model(args.init, dtype="float32")

@@ -7,6 +7,7 @@ import random
 import re
 from collections import Counter
 
+import pytest
 from scripted_policies import halving_policy, last_user
 
 from selfcest.data.arithmetic import evaluate_expression
@@ -401,3 +402,17 @@ def test_halves_conversations_are_what_the_runtime_renders(tiny_tokenizer) -> No
     assert set(runtime_prompts) <= set(teacher)  # every prompt the runtime wrote, the teacher taught
     for held, prompt in runtime_prompts.items():
         assert prompt in teacher[held], held
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"chunk_sizes": (1,)}, r"warmup\.teacher\.chunk_sizes: every size must be >= 2"),
+        ({"chunk_sizes": ()}, r"warmup\.teacher\.chunk_sizes"),
+        ({"max_root_combine": 0}, r"warmup\.teacher\.max_root_combine: expected >= 1"),
+    ],
+)
+def test_teacher_settings_that_would_never_end_a_root_are_refused(setting: dict, message: str) -> None:
+    """`chunk_sizes: [1]` hung the warm-up's data building: chunks of one term never shorten a sum."""
+    with pytest.raises(ValueError, match=message):
+        TeacherConfig(**setting)

@@ -235,3 +235,24 @@ def test_a_warmup_killed_after_its_first_epoch_resumes_to_the_same_weights(
     assert [step for step, _ in full_log] == list(range(1, 3 * steps_per_epoch + 1))
     assert [step for step, _ in resumed_log] == [step for step, _ in full_log]
     assert [loss for _, loss in resumed_log] == pytest.approx([loss for _, loss in full_log], rel=1e-4)
+
+
+def test_the_stage_refuses_a_teacher_that_delegates_otherwise_than_the_runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks in the teacher with the runtime's halves on trained clones on prompts without the
+    tool schema that the runtime gives them: nothing said so."""
+    import yaml
+
+    from stages import warmup as stage
+
+    params = load_params(Path(__file__).parents[1] / "params.yaml")
+    params["warmup"]["teacher"]["arithmetic_delegation"] = "chunks"
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["warmup", "--params", str(path), "--out", str(tmp_path / "out")])
+    with pytest.raises(
+        ValueError, match=r"arithmetic_delegation is 'chunks' but runtime.expression_halves is True"
+    ):
+        stage.main()

@@ -86,6 +86,16 @@ class TeacherConfig:
     decoding then picks the one frequent `failed` reply over the many names it spreads the rest over
     (measured: 1% clone accuracy with the gold paragraph; 80% after 700 clone-only steps without)."""
 
+    def __post_init__(self) -> None:
+        # A chunk of one term does not shorten the sum, and a root that adds up no operand itself
+        # never stops handing them on: the root's reduction loop would never end.
+        if not self.chunk_sizes or min(self.chunk_sizes) < 2:
+            raise ValueError(
+                f"warmup.teacher.chunk_sizes: every size must be >= 2, got {list(self.chunk_sizes)}"
+            )
+        if self.max_root_combine < 1:
+            raise ValueError(f"warmup.teacher.max_root_combine: expected >= 1, got {self.max_root_combine}")
+
 
 def conversation(messages: list[Message], *, tools: bool, kind: str) -> dict[str, Any]:
     return {"messages": messages, "tools": json.dumps([SPAWN_CLONE_TOOL]) if tools else "", "kind": kind}
