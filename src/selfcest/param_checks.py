@@ -20,3 +20,17 @@ def check_keys(section: str, values: Mapping[str, Any] | None, known: Iterable[s
 def is_int_setting(value: Any) -> bool:
     """An integer setting's value: YAML's true/false are Python ints, but they are not counts."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def int_setting(value: Any, where: str, *, minimum: int) -> int:
+    """One integer setting, at least `minimum`; otherwise a ValueError naming the setting `where`."""
+    if not is_int_setting(value) or value < minimum:
+        raise ValueError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def fraction_setting(value: Any, where: str) -> float:
+    """One share setting, a number in [0, 1]; otherwise a ValueError naming the setting `where`."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ValueError(f"{where}: expected a number in [0, 1], got {value!r}")
+    return float(value)

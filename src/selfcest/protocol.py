@@ -370,7 +370,7 @@ def _truncate_tokens(text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: 
     keep = max_tokens
     for _ in range(max_tokens + 1):
         cut = tokenizer.decode(ids[:keep], skip_special_tokens=True).rstrip("\ufffd")
-        if len(tokenizer.encode(cut, add_special_tokens=False)) <= max_tokens:
+        if _token_count(cut, tokenizer) <= max_tokens:
             return cut
         keep -= 1
     return ""

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
-from selfcest.param_checks import check_keys, is_int_setting
+from selfcest.param_checks import check_keys, int_setting
 
 __all__ = [
     "ARITHMETIC_PROMPT_TEMPLATE",
@@ -423,9 +423,7 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
     def tier_config(spec: Mapping[str, Any], section: str) -> tuple[ArithmeticConfig, int]:
         if not isinstance(spec, Mapping):
             raise ValueError(f"{section}: expected a mapping with `count` and generator fields, got {spec!r}")
-        count = spec.get("count")
-        if not is_int_setting(count) or count < 1:
-            raise ValueError(f"{section}.count: expected an integer >= 1, got {count!r}")
+        count = int_setting(spec.get("count"), f"{section}.count", minimum=1)
         overrides = {k: v for k, v in spec.items() if k != "count"}
         return config_from_mapping(overrides, base, section=section), count
 

@@ -25,7 +25,7 @@ from typing import Any
 # The QA adapters' record error: one record's field and reason, turned into a Quarantined item.
 from selfcest.data.qa import QADataError, Quarantined, lone_surrogate_field, read_json_records, writable
 from selfcest.data.qa import _RecordError as RecordError
-from selfcest.param_checks import check_keys, is_int_setting
+from selfcest.param_checks import check_keys, fraction_setting, int_setting
 from selfcest.scoring import last_boxed, math_equivalent
 
 #: Bounds used when params give none.
@@ -125,12 +125,9 @@ def check_math_limits(
     a bad value raises a ValueError naming `<section>.<key>`."""
     check_keys(section, limits, DEFAULT_MATH_LIMITS)
     lim = {**DEFAULT_MATH_LIMITS, **(limits or {})}
-    fraction = lim["max_invalid_fraction"]
-    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction <= 1:
-        raise ValueError(f"{section}.max_invalid_fraction: expected a number in [0, 1], got {fraction!r}")
+    fraction_setting(lim["max_invalid_fraction"], f"{section}.max_invalid_fraction")
     for name in ("max_problem_chars", "max_answer_chars"):
-        if not is_int_setting(lim[name]) or lim[name] < 1:
-            raise ValueError(f"{section}.{name}: expected an integer >= 1, got {lim[name]!r}")
+        int_setting(lim[name], f"{section}.{name}", minimum=1)
     return lim
 
 

@@ -27,7 +27,7 @@ from typing import Any, TypedDict
 
 import fsspec
 
-from selfcest.param_checks import is_int_setting
+from selfcest.param_checks import int_setting, is_int_setting
 
 # ---------------------------------------------------------------------------------------- schema
 
@@ -826,13 +826,6 @@ def synthetic_record(rng: random.Random, cfg: SyntheticSplitConfig, *, split: st
     }
 
 
-def _setting_int(value: Any, where: str, *, minimum: int) -> int:
-    """One integer setting, at least `minimum`; otherwise a ValueError naming the setting."""
-    if not is_int_setting(value) or value < minimum:
-        raise ValueError(f"{where}: expected an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _setting_range(value: Any, where: str, *, minimum: int) -> tuple[int, int]:
     """An inclusive range setting, `[min, max]` or one integer for both, with minimum <= min <= max.
     Checked here because a bad one would otherwise surface as random's "empty range for
@@ -885,11 +878,11 @@ def split_config(
     if "count" not in merged:
         raise ValueError(f"{prefix}.splits.{name}.count: missing")
     cfg = SyntheticSplitConfig(
-        count=_setting_int(merged["count"], where("count"), minimum=1),
+        count=int_setting(merged["count"], where("count"), minimum=1),
         hops=_setting_range(value("hops"), where("hops"), minimum=1),
         paragraphs=_setting_range(value("paragraphs"), where("paragraphs"), minimum=1),
         filler_sentences=_setting_range(value("filler_sentences"), where("filler_sentences"), minimum=0),
-        extra_entities=_setting_int(value("extra_entities"), where("extra_entities"), minimum=0),
+        extra_entities=int_setting(value("extra_entities"), where("extra_entities"), minimum=0),
     )
     # Every hop's subject needs its own paragraph; checked here so that a setting that fails only
     # when a draw pairs few paragraphs with many hops fails at once, naming both settings.

@@ -38,7 +38,7 @@ from selfcest.data.qa import (
     QARecord,
     Quarantined,
 )
-from selfcest.param_checks import is_int_setting
+from selfcest.param_checks import fraction_setting, int_setting
 
 log = logging.getLogger(__name__)
 # GX logs every import-time registration at INFO; stage scripts run the root logger at INFO.
@@ -84,14 +84,10 @@ def check_limits(limits: Mapping[str, Any], prefix: str = "validation") -> dict[
             f"unknown QA validation setting {names} (known: {', '.join(sorted(DEFAULT_LIMITS))})"
         )
     lim = {**DEFAULT_LIMITS, **limits}
-    fraction = lim["max_invalid_fraction"]
-    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction <= 1:
-        raise ValueError(f"{prefix}.max_invalid_fraction: expected a number in [0, 1], got {fraction!r}")
+    fraction_setting(lim["max_invalid_fraction"], f"{prefix}.max_invalid_fraction")
     counts = [n for n in lim if n.startswith(("min_", "max_")) and n != "max_invalid_fraction"]
     for name in counts:
-        value = lim[name]
-        if not is_int_setting(value) or value < 0:
-            raise ValueError(f"{prefix}.{name}: expected an integer >= 0, got {value!r}")
+        int_setting(lim[name], f"{prefix}.{name}", minimum=0)
     for lo, hi in LIMIT_RANGES:
         if lim[lo] > lim[hi]:
             raise ValueError(
