@@ -41,6 +41,7 @@ from selfcest.tokenizer import load_tokenizer  # noqa: E402
 # The stages' own params and JSONL readers (OmegaConf: PyYAML reads `3e-05` as a string).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stages.common import load_params, read_jsonl  # noqa: E402
+from stages.train_grpo import grpo_records  # noqa: E402
 
 
 def hop_keys_copied(episode: Episode, hops: list[dict]) -> tuple[bool, bool]:
@@ -70,6 +71,12 @@ def main() -> None:
     parser.add_argument("--arithmetic-problems", type=int, default=96)
     parser.add_argument("--arithmetic-seed", type=int, default=7, help="draw of the arithmetic records")
     parser.add_argument("--arithmetic-mode", choices=["monolithic", "delegate"], default="monolithic")
+    parser.add_argument(
+        "--arithmetic-split",
+        choices=["arithmetic", "arithmetic_rl"],
+        default="arithmetic",
+        help="the train split's records (the warm-up saw them) or the GRPO-only rl split's",
+    )
     parser.add_argument("--device", default="cpu", help="where the checkpoint runs (cpu, cuda)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -77,11 +84,14 @@ def main() -> None:
     qa_path = Path("data/qa/validation.jsonl")
     hops = {record["id"]: record["hops"] for record in read_jsonl(qa_path)}
     qa = load_problems("qa", qa_path, max_problems=None, seed=params["seed"])
-    # The same seeded draw as stages/train_grpo.py, so these records are outside GRPO's sample.
-    train = read_jsonl(Path("data/arithmetic/train.jsonl"))
-    grpo_draw = min(params["grpo"]["tasks"]["arithmetic"], len(train))
-    in_grpo = {r["id"] for r in random.Random(params["seed"]).sample(train, grpo_draw)}
-    outside = [r for r in train if r["id"] not in in_grpo]
+    # stages/train_grpo.py's own seeded draw, so these records are outside GRPO's sample.
+    paths = {
+        "arithmetic": Path("data/arithmetic/train.jsonl"),
+        "qa": Path("data/qa/train.jsonl"),
+        "arithmetic_rl": Path("data/arithmetic/rl.jsonl"),
+    }
+    in_grpo = {r["id"] for r in grpo_records(params["grpo"]["tasks"], params["seed"], paths)}
+    outside = [r for r in read_jsonl(paths[args.arithmetic_split]) if r["id"] not in in_grpo]
     arithmetic = [
         problem_from_record("arithmetic", r)
         for r in random.Random(args.arithmetic_seed).sample(
@@ -108,11 +118,11 @@ def main() -> None:
                     "qa_first_key_copied": sum(first for first, _ in keys) / n_qa,
                     "qa_second_key_copied": sum(second for _, second in keys) / n_qa,
                     "qa_validation_generated_tokens": round(mean_generated(qa_results), 1),
-                    f"arithmetic_train_{args.arithmetic_mode}_accuracy": sum(
+                    f"{args.arithmetic_split}_{args.arithmetic_mode}_accuracy": sum(
                         r.correct for r in arithmetic_results
                     )
                     / n_arithmetic,
-                    "arithmetic_train_generated_tokens": round(mean_generated(arithmetic_results), 1),
+                    f"{args.arithmetic_split}_generated_tokens": round(mean_generated(arithmetic_results), 1),
                     "qa_problems": n_qa,
                     "arithmetic_problems": n_arithmetic,
                 }

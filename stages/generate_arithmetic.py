@@ -1,7 +1,7 @@
 """Stage generate_arithmetic: synthetic arithmetic splits as a HF DatasetDict, JSONL and a data card.
 
 Outputs (paths relative to the working directory):
-  data/arithmetic/               `DatasetDict.save_to_disk` (train/test/ood), plus
+  data/arithmetic/               `DatasetDict.save_to_disk` (train/test/ood/rl; an empty split is left out), plus
   data/arithmetic/<split>.jsonl  canonical JSON lines; sha256 of each file = the card's split hash
   data/arithmetic/README.md      data card
   reports/arithmetic_card.json   counts, histograms and hashes (DVC metrics)
@@ -59,7 +59,8 @@ def _data_card(card: dict[str, Any], params: dict[str, Any]) -> str:
         "Each record: `id` (arith- + sha256(expr)[:16]), `expr` (no spaces), `prompt` "
         '("Calculate the value of {expr}."), `answer` (exact value as a decimal string), '
         "`num_operators`, `num_operands`, `tier`, `split`. Expressions are unique across splits; "
-        "`ood` uses strictly more operators than any training tier.",
+        "`ood` uses strictly more operators than any training tier and than `rl`; `rl` (when the "
+        "profile has one) holds longer sums than every tier, for GRPO only: the warm-up never sees them.",
         "",
         f"Generator: `{json.dumps(profile.get('generator') or {}, sort_keys=True)}`",
         "",

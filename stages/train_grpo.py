@@ -28,6 +28,7 @@ from selfcest.checkpoints import (  # noqa: E402
 )
 from selfcest.grpo import SelfcestConfig, TrainingConfig, build_trainer  # noqa: E402
 from selfcest.model import load_model  # noqa: E402
+from selfcest.param_checks import check_keys, int_setting  # noqa: E402
 from selfcest.rewards import GateConfig, GateMode, RewardConfig  # noqa: E402
 from selfcest.runtime import RuntimeConfig  # noqa: E402
 from selfcest.tasks import task_from_record  # noqa: E402
@@ -94,6 +95,31 @@ def check_grpo_params(grpo: dict[str, Any], variant_name: str) -> dict[str, Any]
     return variant
 
 
+# grpo.tasks: how many training problems each file gives (seeded draws, in this order), and the name
+# of each file's hash in the run fingerprint and the model card.
+TASK_SOURCES = {"arithmetic": "arithmetic_train", "qa": "qa_train", "arithmetic_rl": "arithmetic_rl"}
+
+
+def grpo_records(tasks: dict[str, Any], seed: int, paths: dict[str, Path]) -> list[dict[str, Any]]:
+    """The seeded draw of GRPO's training records: `tasks[name]` records of the file `paths[name]`
+    for each `TASK_SOURCES` name (0 or absent: that file is not read), shuffled together. The draws
+    run in `TASK_SOURCES` order, so a source added at the end leaves the earlier draws as they were
+    (`benchmarks/warmup_skills.py` measures on the records a draw leaves out)."""
+    check_keys("grpo.tasks", tasks, tuple(TASK_SOURCES))
+    rng = random.Random(seed)
+    records: list[dict[str, Any]] = []
+    for name in TASK_SOURCES:
+        count = int_setting(tasks.get(name, 0), f"grpo.tasks.{name}", minimum=0)
+        if count == 0:
+            continue
+        available = read_jsonl(paths[name])
+        if not available:
+            raise ValueError(f"grpo.tasks.{name} asks {count} problems but {paths[name]} holds none")
+        records += rng.sample(available, min(count, len(available)))
+    rng.shuffle(records)
+    return records
+
+
 def selfcest_config(params: dict[str, Any], variant_name: str) -> SelfcestConfig:
     """The rollout, reward and gate settings of one `grpo.variants` entry."""
     grpo = params["grpo"]
@@ -116,6 +142,7 @@ def main() -> None:
     parser.add_argument("--init", default="artifacts/warmup_model")
     parser.add_argument("--arithmetic", default="data/arithmetic/train.jsonl")
     parser.add_argument("--qa", default="data/qa/train.jsonl")
+    parser.add_argument("--arithmetic-rl", default="data/arithmetic/rl.jsonl", help="GRPO-only problems")
     parser.add_argument("--out", default=None, help="default artifacts/<variant>_model")
     parser.add_argument("--run-dir", default=None, help="default artifacts/runs/<variant>")
     parser.add_argument("--reports", default="reports")
@@ -130,17 +157,16 @@ def main() -> None:
     reports = Path(args.reports)
     started = time.perf_counter()
 
-    rng = random.Random(params["seed"])
-    arithmetic = read_jsonl(args.arithmetic)
-    qa = read_jsonl(args.qa)
-    records = rng.sample(arithmetic, min(grpo["tasks"]["arithmetic"], len(arithmetic)))
-    records += rng.sample(qa, min(grpo["tasks"]["qa"], len(qa)))
-    rng.shuffle(records)
+    paths = {"arithmetic": args.arithmetic, "qa": args.qa, "arithmetic_rl": args.arithmetic_rl}
+    paths = {name: Path(path) for name, path in paths.items()}
+    records = grpo_records(grpo["tasks"], params["seed"], paths)
     view = "delegate" if variant["use_tools"] else "monolithic"
     tasks = [task_from_record(record, view) for record in records]
 
     training = TrainingConfig(**grpo["training"])
-    data_hashes = {"arithmetic_train": file_sha256(args.arithmetic), "qa_train": file_sha256(args.qa)}
+    data_hashes = {
+        label: file_sha256(paths[name]) for name, label in TASK_SOURCES.items() if grpo["tasks"].get(name)
+    }
     run_fingerprint = fingerprint(
         {
             "grpo": grpo,

@@ -298,8 +298,8 @@ def _small_params(seed: int = 7) -> dict[str, Any]:
 
 def test_splits_structure_and_properties() -> None:
     splits = build_arithmetic_splits(_small_params())
-    assert set(splits) == {"train", "test", "ood"}
-    assert [len(splits[s]) for s in ("train", "test", "ood")] == [198, 22, 30]
+    assert set(splits) == {"train", "test", "ood", "rl"}
+    assert [len(splits[s]) for s in ("train", "test", "ood", "rl")] == [198, 22, 30, 0]
     card = arithmetic_card(splits)
     assert card["splits"]["test"]["tiers"] == {"easy": 12, "hard": 4, "medium": 6}
     ranges = {"easy": (1, 3), "medium": (4, 5), "hard": (6, 7), "ood": (11, 19)}
@@ -344,6 +344,30 @@ def test_tier_streams_are_independent() -> None:
     changed["profiles"]["tiny"]["tiers"]["hard"]["count"] = 80
     ood = [r["expr"] for r in build_arithmetic_splits(params)["ood"]]
     assert ood == [r["expr"] for r in build_arithmetic_splits(changed)["ood"]]
+
+
+def test_the_rl_split_is_longer_than_the_tiers_and_leaves_the_other_splits_as_they_were() -> None:
+    params = _small_params()
+    with_rl = deepcopy(params)
+    with_rl["profiles"]["tiny"]["rl"] = {"num_operators": [8, 10], "count": 25}
+    before, after = build_arithmetic_splits(params), build_arithmetic_splits(with_rl)
+    assert before["rl"] == []  # no `rl` in the profile: an empty split
+    assert len(after["rl"]) == 25
+    assert {r["num_operators"] for r in after["rl"]} <= {8, 9, 10}
+    assert {(r["tier"], r["split"]) for r in after["rl"]} == {("rl", "rl")}
+    for name in ("train", "test", "ood"):  # the warm-up's and evaluation's files keep their bytes
+        assert split_content_hash(after[name]) == split_content_hash(before[name])
+    # ood must stay longer than everything trained on, rl included; rl longer than every tier
+    too_long = deepcopy(with_rl)
+    too_long["profiles"]["tiny"]["rl"]["num_operators"] = [8, 11]
+    with pytest.raises(ValueError, match="ood must use more operators than rl: min 11 <= max rl 11"):
+        build_arithmetic_splits(too_long)
+    too_short = deepcopy(with_rl)
+    too_short["profiles"]["tiny"]["rl"]["num_operators"] = [7, 10]
+    with pytest.raises(
+        ValueError, match=r"arithmetic\.profiles\.tiny\.rl must use more operators than any tier"
+    ):
+        build_arithmetic_splits(too_short)
 
 
 def test_splits_reject_bad_params() -> None:

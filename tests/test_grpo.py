@@ -521,3 +521,33 @@ def test_gradient_checkpointing_and_bf16_train_the_same_step(tiny_checkpoint: Pa
         assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
     assert norms["checkpointing"] == pytest.approx(norms["fp32"], rel=1e-4)
     assert norms["bf16"] == pytest.approx(norms["fp32"], rel=0.05) and norms["bf16"] != norms["fp32"]
+
+
+def test_grpo_draws_each_source_in_order_and_names_a_bad_task_setting(tmp_path: Path) -> None:
+    from stages.train_grpo import grpo_records
+
+    def write(name: str, count: int) -> Path:
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"id": f"{name}-{i}"}) + "\n" for i in range(count)))
+        return path
+
+    paths = {"arithmetic": write("arith", 50), "qa": write("qa", 40), "arithmetic_rl": write("rl", 30)}
+    without = grpo_records({"arithmetic": 10, "qa": 5}, 42, paths)
+    with_rl = grpo_records({"arithmetic": 10, "qa": 5, "arithmetic_rl": 7}, 42, paths)
+    assert len(without) == 15 and len(with_rl) == 22
+    assert sum(r["id"].startswith("rl-") for r in with_rl) == 7
+    # the rl draw comes last, so adding it leaves the train records drawn (and those left out) alone
+    assert {r["id"] for r in without} == {r["id"] for r in with_rl if not r["id"].startswith("rl-")}
+    assert with_rl == grpo_records({"arithmetic": 10, "qa": 5, "arithmetic_rl": 7}, 42, paths)
+    # a count of 0 reads no file; a count over an empty (or absent) one is refused, naming both
+    missing = dict(paths, arithmetic_rl=tmp_path / "absent.jsonl")
+    assert len(grpo_records({"arithmetic": 10, "qa": 5, "arithmetic_rl": 0}, 42, missing)) == 15
+    empty = dict(paths, arithmetic_rl=write("empty", 0))
+    with pytest.raises(
+        ValueError, match=r"grpo.tasks.arithmetic_rl asks 7 problems but .*empty.jsonl holds none"
+    ):
+        grpo_records({"arithmetic": 10, "qa": 5, "arithmetic_rl": 7}, 42, empty)
+    with pytest.raises(ValueError, match=r"grpo.tasks: unknown key\(s\) \['arithmetc'\]"):
+        grpo_records({"arithmetc": 10}, 42, paths)
+    with pytest.raises(ValueError, match=r"grpo.tasks.qa: expected an integer >= 0, got -1"):
+        grpo_records({"arithmetic": 10, "qa": -1}, 42, paths)

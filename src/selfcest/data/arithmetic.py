@@ -8,7 +8,7 @@ The generator follows the released SELFCEST data recipe (PAPER.md, "Data in the 
 `a op b op c ...` sequence, then parentheses injected around `+`/`-` pairs that sit next to a `*`
 (where they change the value), plus at most one wide span, rejection-sampled until the result
 has at most `max_result_digits` digits. `build_arithmetic_splits` turns the `arithmetic:` section
-of params.yaml into train/test/ood record lists.
+of params.yaml into train/test/ood/rl record lists.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ DEFAULT_MAX_CHARS = 2000
 DEFAULT_MAX_TOKENS = 1000
 DEFAULT_MAX_DEPTH = 32
 
-SPLITS = ("train", "test", "ood")
+# `rl`: problems that only GRPO trains on (the warm-up never sees them); empty without a profile `rl`.
+SPLITS = ("train", "test", "ood", "rl")
 
 
 # --------------------------------------------------------------------------- evaluator
@@ -401,14 +402,18 @@ def _profile(params: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
 
 
 def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Records for the splits `train`, `test` and `ood` from the `arithmetic:` params section.
+    """Records for the splits `train`, `test`, `ood` and `rl` from the `arithmetic:` params section.
 
     `params` has `seed`, `test_fraction`, `profile` and `profiles.<name>` with `generator`
     (ArithmeticConfig fields; unset fields keep the paper constants), `tiers` (name ->
-    `{num_operators: [lo, hi], count: n}`, optionally more ArithmeticConfig overrides) and `ood`
-    (the same shape, or null for no OOD split). The tier problems are split per tier into
-    test (`round(test_fraction * count)`) and train; `ood` must use strictly more operators than
-    any tier. Expressions are unique across all splits, so test and ood never leak into train.
+    `{num_operators: [lo, hi], count: n}`, optionally more ArithmeticConfig overrides), `ood`
+    (the same shape, or null for no OOD split) and optionally `rl` (the same shape: problems for
+    GRPO only, longer than every tier). The tier problems are split per tier into test
+    (`round(test_fraction * count)`) and train; `rl` must use more operators than any tier, and
+    `ood` strictly more than any tier and than `rl`, so that ood is longer than anything trained
+    on. Expressions are unique across all splits, so test and ood never leak into train or rl.
+    `rl` is drawn last, from its own seeded stream: adding it leaves the other splits' bytes as
+    they were.
     """
     check_keys("arithmetic", params, ("seed", "test_fraction", "profile", "profiles"))
     seed = int(params["seed"])
@@ -417,7 +422,7 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
         raise ValueError("test_fraction must be in [0, 1)")
     profile_name, profile = _profile(params)
     where = f"arithmetic.profiles.{profile_name}"
-    check_keys(where, profile, ("generator", "tiers", "ood"))  # a misspelt `ood` gave no ood split
+    check_keys(where, profile, ("generator", "tiers", "ood", "rl"))  # a misspelt `ood` gave no ood split
     base = config_from_mapping(profile.get("generator") or {}, section=f"{where}.generator")
 
     def tier_config(spec: Mapping[str, Any], section: str) -> tuple[ArithmeticConfig, int]:
@@ -435,12 +440,24 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
         raise ValueError("the arithmetic profile defines no tiers")
     ood_spec = profile.get("ood")
     ood = tier_config(ood_spec, f"{where}.ood") if ood_spec else None
+    rl_spec = profile.get("rl")
+    rl = tier_config(rl_spec, f"{where}.rl") if rl_spec else None
+    longest_tier = max(cfg.num_operators[1] for cfg, _ in tiers.values())
+    if rl is not None and rl[0].num_operators[0] <= longest_tier:
+        raise ValueError(
+            f"{where}.rl must use more operators than any tier: min {rl[0].num_operators[0]} "
+            f"<= max tier {longest_tier}"
+        )
     if ood is not None:
-        longest_train = max(cfg.num_operators[1] for cfg, _ in tiers.values())
-        if ood[0].num_operators[0] <= longest_train:
+        if ood[0].num_operators[0] <= longest_tier:
             raise ValueError(
                 f"ood must use more operators than any tier: min {ood[0].num_operators[0]} "
-                f"<= max tier {longest_train}"
+                f"<= max tier {longest_tier}"
+            )
+        if rl is not None and ood[0].num_operators[0] <= rl[0].num_operators[1]:
+            raise ValueError(
+                f"ood must use more operators than rl: min {ood[0].num_operators[0]} "
+                f"<= max rl {rl[0].num_operators[1]}"
             )
 
     seen: set[str] = set()
@@ -460,6 +477,10 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
         cfg, count = ood
         problems = _sample_unique(cfg, count, random.Random(_derive_seed(seed, "ood")), seen, "ood")
         splits["ood"] = [_record(expr, value, "ood", "ood") for expr, value in problems]
+    if rl is not None:
+        cfg, count = rl
+        problems = _sample_unique(cfg, count, random.Random(_derive_seed(seed, "rl")), seen, "rl")
+        splits["rl"] = [_record(expr, value, "rl", "rl") for expr, value in problems]
     # Shuffle so that consumers reading in order (training loops, truncated evals) see a tier mix.
     for name in ("train", "test"):
         random.Random(_derive_seed(seed, f"shuffle/{name}")).shuffle(splits[name])
