@@ -37,7 +37,7 @@ _STARTED = time.perf_counter()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/evaluate.py` works too
 
-from selfcest.sweep_config import check_sweep_keys, per_dataset, settings_for  # noqa: E402
+from selfcest.sweep_config import check_method_names, check_sweep_keys, per_dataset, settings_for  # noqa: E402
 from stages.common import PARAMS_FILE, SUPPORT_FILES, file_sha256, load_params, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("evaluate")
@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     # paper's models) rather than after. A check only: `eval.report` is not among this stage's
     # params, since nothing a cell writes depends on it (the rule, sweep_config.py, is a dep).
     budgets = settings_for(eval_params, args.dataset).budgets
+    check_method_names(eval_params.get("models"))  # also a check only: the report needs unique names
 
     sweep = eval_params["sweep"]
     check_sweep_keys(sweep)

@@ -974,3 +974,95 @@ def test_report_stage_on_a_sweep_that_leaves_a_claim_splits_dataset_out(tmp_path
     assert set(metrics["benchmarks"]) == {"qa/test"}
     assert metrics["claims"]["arithmetic/ood"] == {}
     assert "arithmetic/ood" in (out / "summary.md").read_text()
+
+
+def test_a_method_without_numbers_has_no_frontier_area() -> None:
+    """A method whose only cell is empty has no area: metrics.json leaves `auc` out (as it leaves
+    `accuracy` out) instead of writing 0.0, which `dvc metrics diff` would show as a drop, and the
+    summary's table says `-` and its ranking leaves it out."""
+    from selfcest.reports import Settings, Sweep, build_metrics
+
+    nan_numbers = dict.fromkeys(
+        ["ci_low", "ci_high", "total_tokens", "seconds", "clones", "protocol_error_rate"], math.nan
+    )
+    rows = [row("base", 100, 0.5, 90)] + [
+        {**row("selfcest", b, math.nan, math.nan, n=0), **nan_numbers} for b in (100, 200)
+    ]
+    sweep = Sweep(rows=rows, cells=[])
+    settings = {"arithmetic": Settings([100, 200], 200, 200.0)}
+    methods = build_metrics(sweep, settings=settings, claims={})["benchmarks"]["arithmetic/ood"]["methods"]
+    assert methods["selfcest"] == {} and methods["base"]["auc"] == 0.275
+    text = summary_markdown(
+        sweep, eval_params={}, settings=settings, claims={}, method_order=["base", "selfcest"]
+    )
+    assert "| `selfcest` | - | - | - | - | - | - | - | - | - |" in text
+    assert "Frontier area ranking (generated tokens): `base` 0.275." in text
+
+
+def test_summary_ranks_frontier_areas_at_the_printed_precision() -> None:
+    """Two areas that print alike are `=`, not `0.033 > 0.033`."""
+    from selfcest.reports import Settings, Sweep
+
+    rows = [row("a", 100, 0.0333, 0.1), row("b", 100, 0.0332, 0.1)]
+    settings = {"arithmetic": Settings([100], 100, 100.0)}
+    text = summary_markdown(
+        Sweep(rows=rows, cells=[]), eval_params={}, settings=settings, claims={}, method_order=["a", "b"]
+    )
+    assert "`a` 0.033 = `b` 0.033" in text
+
+
+def test_claims_a_and_d_are_not_settled_while_a_budget_lacks_its_row() -> None:
+    """(a) asks for some budget and (d) for base's best point: while rows are missing, a gap short of
+    the margin everywhere compared (or no matching selfcest point) is NOT CHECKED, naming the rows."""
+    rows = [row("base", b, 0.05, 50.0) for b in BUDGETS] + [row("selfcest", 100, 0.06, 50.0)]
+    a = claim_beats_base(rows, "selfcest", "base", 0.15, budgets=BUDGETS)
+    assert a.status == NOT_CHECKED and "not settled without selfcest at 200, selfcest at 400" in a.detail
+    assert claim_beats_base(rows, "selfcest", "base", 0.15).status == FAILS  # no budgets: the old rule
+    settled = rows + [row("selfcest", b, 0.06, 50.0) for b in (200, 400)]
+    assert claim_beats_base(settled, "selfcest", "base", 0.15, budgets=BUDGETS).status == FAILS
+    d_rows = [row("base", b, 0.5, 40.0) for b in BUDGETS] + [row("selfcest", 100, 0.4, 30.0)]
+    d = claim_critical_path(d_rows, "selfcest", "base", budgets=BUDGETS)
+    assert d.status == NOT_CHECKED and "not settled without selfcest at 200, selfcest at 400" in d.detail
+    base_hole = [r for r in settled if not (r["method"] == "base" and r["budget"] == 400)]
+    base_hole = [
+        dict(r, accuracy=0.5, critical_tokens=30.0) if r["method"] == "selfcest" else r for r in base_hole
+    ]
+    assert claim_critical_path(base_hole, "selfcest", "base").status == HOLDS
+    d = claim_critical_path(base_hole, "selfcest", "base", budgets=BUDGETS)
+    assert d.status == NOT_CHECKED and "not settled without base at 400" in d.detail
+
+
+def test_claim_d_prints_a_change_that_adds_up_with_the_printed_counts() -> None:
+    rows = [
+        row("base", 128, 9 / 200, 52.42, 52.42, n=200),
+        row("selfcest", 128, 9 / 200, 110.0, 50.75, n=200),
+    ]
+    claim = claim_critical_path(rows, "selfcest", "base")
+    assert (
+        claim.status == HOLDS
+        and "52.4 critical-path tokens" in claim.detail
+        and "50.8 (-1.6)" in claim.detail
+    )
+
+
+def test_claim_b_without_rivals_says_so() -> None:
+    claim = claim_frontier(strong_sweep(), "selfcest", [], BUDGETS)
+    assert (
+        claim.status == NOT_CHECKED
+        and claim.detail == "no rivals configured (eval.report.claim_methods.rivals)"
+    )
+
+
+def test_a_method_under_two_checkpoints_and_a_fractional_reference_budget_are_refused() -> None:
+    from selfcest.reports import configured_cells
+
+    models = {
+        "warmup_model": {"base": {"mode": "monolithic"}},
+        "noclone_model": {"base": {"mode": "monolithic"}},
+    }
+    with pytest.raises(ValueError, match=r"eval.models: .* base under warmup_model, noclone_model"):
+        configured_cells({"models": models, "splits": {"arithmetic": ["ood"]}})
+    for reference in (128.9, "128"):
+        eval_params = {"budgets": {"qa": [64, 128]}, "report": {"reference_budget": {"qa": reference}}}
+        with pytest.raises(ValueError, match="reference_budget for qa must be a whole number"):
+            settings_for(eval_params, "qa")

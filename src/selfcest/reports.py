@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from selfcest.stats import paired_gap, sign_test, wilson_interval
-from selfcest.sweep_config import Settings, per_dataset, settings_for  # noqa: F401 (re-exported)
+from selfcest.sweep_config import Settings, check_method_names, per_dataset, settings_for  # noqa: F401 (re-exported)
 
 HOLDS = "HOLDS"
 FAILS = "DOES NOT HOLD"
@@ -91,7 +91,9 @@ class Sweep:
 
 
 def configured_cells(eval_params: Mapping[str, Any]) -> set[tuple[str, str, str]]:
-    """(dataset, split, checkpoint) of every cell the params ask for."""
+    """(dataset, split, checkpoint) of every cell the params ask for. A method listed under two
+    checkpoints is refused (`sweep_config.check_method_names`)."""
+    check_method_names(eval_params.get("models"))
     checkpoints = list(eval_params.get("models") or {})
     splits = eval_params.get("splits") or {}
     return {
@@ -324,7 +326,18 @@ def frontier_auc(points: Iterable[Point], x_max: float) -> float:
 
 
 def method_points(rows: Iterable[Mapping[str, Any]], method: str, cost: str = "gen_tokens") -> list[Point]:
-    return [(r[cost], r["accuracy"]) for r in rows if r["method"] == method]
+    """A method's (cost, accuracy) points; a row without numbers (an empty cell's NaN) has none."""
+    points = [(float(r[cost]), float(r["accuracy"])) for r in rows if r["method"] == method]
+    return [(x, y) for x, y in points if not (math.isnan(x) or math.isnan(y))]
+
+
+def method_area(
+    rows: Iterable[Mapping[str, Any]], method: str, x_max: float, cost: str = "gen_tokens"
+) -> float | None:
+    """`frontier_auc` of a method's points; None when it has none (no row, or only empty cells):
+    an area of 0 would read as a method that is never right, and `dvc metrics diff` as a drop."""
+    points = method_points(rows, method, cost)
+    return frontier_auc(points, x_max) if points else None
 
 
 def combined_frontier(
@@ -407,6 +420,11 @@ def _by_budget(rows: Iterable[Mapping[str, Any]], method: str) -> dict[int, Mapp
     return {int(r["budget"]): r for r in rows if r["method"] == method}
 
 
+def _rows_missing(budgets: Iterable[int], by_method: Mapping[str, Mapping[int, Any]]) -> list[str]:
+    """`<method> at <budget>` for each budget of `budgets` a method has no row at."""
+    return [f"{m} at {b}" for b in budgets for m, rows in by_method.items() if b not in rows]
+
+
 def _pct(value: float) -> str:
     return "-" if math.isnan(value) else f"{100 * value:.1f}%"
 
@@ -418,15 +436,19 @@ def claim_beats_base(
     min_gain: float,
     outcomes: Outcomes | None = None,
     resamples: int = 1000,
+    budgets: Sequence[int] = (),
 ) -> Claim:
     """(a) At some budget of the sweep, with the same tree-wide budget for both, selfcest's accuracy
     minus base's is at least `min_gain` (0.15 = 15 points). Compared on point estimates; every
     budget's gap is reported, and with per-problem `outcomes` the largest gap's paired evidence: a
     sign test that cannot tell the gap from 0 gives WITHIN_NOISE, a paired interval reaching below
     `min_gain` BELOW_MARGIN. The budget is the one with the largest gap, chosen after the fact; the
-    detail lists every budget's gap so that the choice is visible."""
+    detail lists every budget's gap so that the choice is visible. A gap short of the margin at every
+    compared budget is DOES NOT HOLD only when both methods have a row at every budget in `budgets`
+    (the sweep's); otherwise the claim is not settled (NOT CHECKED), as it asks for some budget."""
     statement = f"{selfcest} beats {base} by >= {100 * min_gain:.0f} accuracy points at a matched budget"
     ours, theirs = _by_budget(rows, selfcest), _by_budget(rows, base)
+    untested = _rows_missing(budgets, {selfcest: ours, base: theirs})
     budgets = sorted(set(ours) & set(theirs))
     if not budgets:
         if ours and theirs:
@@ -441,6 +463,8 @@ def claim_beats_base(
         f"budget {b}: {_pct(ours[b]['accuracy'])} vs {_pct(theirs[b]['accuracy'])} ({100 * gaps[b]:+.1f} pts)"
         for b in budgets
     )
+    if status == FAILS and untested:
+        status, detail = NOT_CHECKED, f"{detail}; not settled without {', '.join(untested)}"
     evidence = _paired_evidence(outcomes, (selfcest, best), (base, best), resamples)
     caveat = ""
     if status == HOLDS and evidence is not None:
@@ -466,6 +490,8 @@ def claim_frontier(
     row at a tested budget, leaves it not checked: a frontier without that budget's point may be
     lower than the method's own. A budget where selfcest itself has no row is not compared."""
     statement = f"{selfcest}'s frontier is at or above those of {', '.join(rivals)} at every budget tested"
+    if not rivals:
+        return Claim("b", statement, NOT_CHECKED, "no rivals configured (eval.report.claim_methods.rivals)")
     ours = method_points(rows, selfcest)
     present = [m for m in rivals if method_points(rows, m)]
     absent = [m for m in rivals if m not in present]
@@ -553,17 +579,41 @@ def claim_critical_path(
     base: str,
     min_correct: int = 5,
     min_token_saving: float = 1.0,
+    budgets: Sequence[int] = (),
 ) -> Claim:
     """(d) Take base's most accurate point q (ties: fewest critical-path tokens). The claim holds when
     some selfcest point reaches at least q's accuracy with at least `min_token_saving` fewer mean
     critical-path tokens per problem than q (as (c) asks of fewer generated tokens: a fraction of a
     token is not a shorter path). Not checked when base is never right (no accuracy level to match);
     AT_FLOOR when q is right on fewer than `min_correct` problems, where matching its accuracy says
-    little about solving. Token counts are given to one decimal, since the margins can be that small."""
+    little about solving. Token counts are given to one decimal, since the margins can be that small.
+    Not settled (NOT CHECKED) while base lacks a row at a budget of `budgets` (q could lie there), or
+    while it fails and selfcest lacks one (the matching point could lie there)."""
     statement = f"{selfcest} needs fewer critical-path tokens than {base} at equal or better accuracy"
     ours, theirs = [r for r in rows if r["method"] == selfcest], [r for r in rows if r["method"] == base]
     if not ours or not theirs:
         return Claim("d", statement, NOT_CHECKED, f"missing: {selfcest if not ours else base}")
+    claim = _claim_critical_path(ours, theirs, selfcest, base, statement, min_correct, min_token_saving)
+    base_missing = _rows_missing(budgets, {base: _by_budget(theirs, base)})
+    ours_missing = _rows_missing(budgets, {selfcest: _by_budget(ours, selfcest)})
+    if base_missing or (claim.status == FAILS and ours_missing):
+        unsettled = ", ".join(base_missing + (ours_missing if claim.status == FAILS else []))
+        return dataclasses.replace(
+            claim, status=NOT_CHECKED, detail=f"{claim.detail}; not settled without {unsettled}", caveat=""
+        )
+    return claim
+
+
+def _claim_critical_path(
+    ours: Sequence[Mapping[str, Any]],
+    theirs: Sequence[Mapping[str, Any]],
+    selfcest: str,
+    base: str,
+    statement: str,
+    min_correct: int,
+    min_token_saving: float,
+) -> Claim:
+    """(d) on both methods' rows; `claim_critical_path` adds the rule for missing rows."""
     q = max(theirs, key=lambda r: (r["accuracy"], -r["critical_tokens"]))
     if q["accuracy"] <= EPS:
         return Claim(
@@ -578,6 +628,8 @@ def claim_critical_path(
         )
     p = min(matching, key=lambda r: r["critical_tokens"])
     saving = q["critical_tokens"] - p["critical_tokens"]
+    # Printed to one decimal beside the two (rounded) counts, so that "52.4 ... 50.8 (-1.6)" adds up.
+    printed_change = round(p["critical_tokens"], 1) - round(q["critical_tokens"], 1)
     status = HOLDS if saving >= min_token_saving - EPS else FAILS
     base_correct = round(q["accuracy"] * int(q["n"]))
     short = (
@@ -590,7 +642,7 @@ def claim_critical_path(
         statement,
         status,
         f"{reference} ({base_correct} of {int(q['n'])} problems right); {selfcest} at budget {p['budget']}: "
-        f"{_pct(p['accuracy'])} with {p['critical_tokens']:.1f} ({-saving:+.1f}){short}",
+        f"{_pct(p['accuracy'])} with {p['critical_tokens']:.1f} ({printed_change:+.1f}){short}",
         AT_FLOOR if status == HOLDS and base_correct < min_correct else "",
     )
 
@@ -627,12 +679,12 @@ def check_claims(
     usable = [r for r in rows if _has_numbers(r)]
     left_out = [f"{r['method']} at {int(r['budget'])}" for r in rows if not _has_numbers(r)]
     claims = [
-        claim_beats_base(usable, selfcest, base, min_gain, outcomes, resamples),
+        claim_beats_base(usable, selfcest, base, min_gain, outcomes, resamples, budgets),
         claim_frontier(usable, selfcest, rivals, budgets),
         claim_beats_prompted(
             usable, selfcest, prompted, reference_budget, outcomes, resamples, min_token_saving
         ),
-        claim_critical_path(usable, selfcest, base, min_correct, min_token_saving),
+        claim_critical_path(usable, selfcest, base, min_correct, min_token_saving, budgets),
     ]
     if left_out:
         note = f". Left out (no problems or no numbers): {', '.join(left_out)}"
@@ -709,12 +761,11 @@ def build_metrics(
         if floors and name in floors:
             entry["type_guess_floor"] = round(floors[name], 6)
         for method in dict.fromkeys(r["method"] for r in rows):
-            values = {
-                "auc": round(frontier_auc(method_points(rows, method), setting.auc_max_tokens), 6),
-                "auc_critical": round(
-                    frontier_auc(method_points(rows, method, "critical_tokens"), setting.auc_max_tokens), 6
-                ),
-            }
+            values = {}
+            for key, cost in (("auc", "gen_tokens"), ("auc_critical", "critical_tokens")):
+                area = method_area(rows, method, setting.auc_max_tokens, cost)
+                if area is not None:  # left out, as `accuracy` is, for a method without numbers
+                    values[key] = round(area, 6)
             at_ref = _by_budget(rows, method).get(setting.reference_budget)
             if at_ref is not None and not math.isnan(at_ref["accuracy"]):  # NaN: a cell without problems
                 values["accuracy"] = round(at_ref["accuracy"], 6)
@@ -942,8 +993,8 @@ def summary_markdown(
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for method in methods:
             at = _by_budget(rows, method).get(reference_budget)
-            auc = frontier_auc(method_points(rows, method), auc_max_tokens)
-            auc_crit = frontier_auc(method_points(rows, method, "critical_tokens"), auc_max_tokens)
+            auc = method_area(rows, method, auc_max_tokens)
+            auc_crit = method_area(rows, method, auc_max_tokens, "critical_tokens")
             if at is None or math.isnan(at["accuracy"]):  # no row, or one without problems
                 cells = [f"`{method}`", "-"] + (["-"] if has_f1 else []) + ["-"] * 6
             else:
@@ -961,17 +1012,20 @@ def summary_markdown(
                     _md_num(at["clones"], 2),
                     _pct(at["protocol_error_rate"]),
                 ]
-            cells += [f"{auc:.3f}", f"{auc_crit:.3f}"]
+            cells += ["-" if area is None else f"{area:.3f}" for area in (auc, auc_crit)]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-        areas = {m: frontier_auc(method_points(rows, m), auc_max_tokens) for m in methods}
-        ranking = sorted(methods, key=lambda m: -areas[m])
+        # Ranked at the printed precision, so that "a 0.033 > b 0.033" cannot appear; a method
+        # without numbers has no area and no place in the ranking.
+        areas = {m: method_area(rows, m, auc_max_tokens) for m in methods}
+        printed = {m: round(a, 3) for m, a in areas.items() if a is not None}
+        ranking = sorted(printed, key=lambda m: -printed[m])
         if ranking:
-            text = f"`{ranking[0]}` {areas[ranking[0]]:.3f}"
+            text = f"`{ranking[0]}` {printed[ranking[0]]:.3f}"
             for before, method in zip(ranking, ranking[1:], strict=False):
                 text += (
-                    " > " if areas[before] > areas[method] + EPS else " = "
-                ) + f"`{method}` {areas[method]:.3f}"
+                    " > " if printed[before] > printed[method] else " = "
+                ) + f"`{method}` {printed[method]:.3f}"
             lines += [f"Frontier area ranking (generated tokens): {text}.", ""]
         for cost in ("gen_tokens", "critical_tokens"):
             # A segment narrower than one token (two methods' mean costs a fraction apart) owns no

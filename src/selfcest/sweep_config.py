@@ -45,6 +45,21 @@ def check_sweep_keys(sweep: Mapping[str, Any] | None) -> None:
     check_keys("eval.sweep", sweep, SWEEP_KEYS)
 
 
+def check_method_names(models: Mapping[str, Any] | None) -> None:
+    """Refuse a method name listed under two checkpoints of `eval.models`: the report keys rows and
+    per-problem outcomes by method, so the two cells' results would be merged under one name (and
+    `sweep.csv` would repeat a (split, method, budget) row). To point a method at another
+    checkpoint, move its entry; to compare two, give them two names."""
+    homes: dict[str, list[str]] = {}
+    for checkpoint, methods in (models or {}).items():
+        for method in methods or {}:
+            homes.setdefault(method, []).append(checkpoint)
+    twice = {method: where for method, where in homes.items() if len(where) > 1}
+    if twice:
+        listed = "; ".join(f"{m} under {', '.join(where)}" for m, where in twice.items())
+        raise ValueError(f"eval.models: a method name may appear under one checkpoint only: {listed}")
+
+
 @dataclass
 class Settings:
     """What a benchmark's report compares at: its budgets, reference budget and frontier range."""
@@ -63,7 +78,14 @@ def settings_for(eval_params: Mapping[str, Any], dataset: str) -> Settings:
     report = eval_params.get("report") or {}
     budgets = _budgets(per_dataset(eval_params.get("budgets"), dataset, []) or [], dataset)
     reference = per_dataset(report.get("reference_budget"), dataset)
-    reference = int(reference) if reference is not None else (budgets[len(budgets) // 2] if budgets else 0)
+    if reference is None:
+        reference = budgets[len(budgets) // 2] if budgets else 0
+    elif isinstance(reference, bool) or not isinstance(reference, int):
+        # int() would read 128.9 as 128 and "128" as 128 unnoticed, as _budgets refuses for the budgets
+        raise ValueError(
+            f"eval.report.reference_budget for {dataset} must be a whole number of generated tokens, "
+            f"got {reference!r}"
+        )
     if budgets and reference not in budgets:
         # No cell runs at it: metrics.json would silently lose every accuracy and claim (c) its budget.
         raise ValueError(
