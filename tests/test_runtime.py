@@ -881,3 +881,50 @@ def test_a_sum_spelt_with_spaces_around_its_operators_is_cut_as_without() -> Non
     assert expression_halves("1 + 2 + 3 + 4") == {"first half": "1+2", "second half": "3+4"}
     for expr in ["12 7 + 1", "1 + + 2", "1 +", "+"]:
         assert expression_halves(expr) == {}, expr
+
+
+def test_a_problems_samples_do_not_depend_on_what_runs_beside_it(tiny_model, tiny_tokenizer) -> None:
+    """Every request the runtime makes carries its own seed, keyed by task, sample, copy, agent and
+    turn: a task's sampled episodes are the same alone, beside other tasks and in micro-batches of
+    any size (the global generator made them depend on all three); copies of one task in a call
+    (GRPO's rollouts of a prompt) and its samples still draw differently."""
+
+    def strip(episodes: list[Episode]) -> list[dict]:
+        return [{k: v for k, v in e.to_dict().items() if k != "wall_seconds"} for e in episodes]
+
+    config = RuntimeConfig(root_max_tokens=24, episode_token_budget=64)
+    tasks = [Task(str(i), arithmetic_question(f"{i}+{i * 7}")) for i in range(3)]
+    sampling = SamplingConfig(temperature=1.0, top_p=0.95, seed=3)
+
+    def run(batch: list[Task], max_batch_size: int, samples: int = 2) -> list[Episode]:
+        engine = TransformersEngine(tiny_model, tiny_tokenizer, max_batch_size=max_batch_size)
+        return Runtime(engine, config).run(batch, sampling=sampling, num_samples=samples)
+
+    together = run(tasks, 64)
+    assert strip(run(tasks[:1], 64)) == strip(together[:2])
+    assert strip(run(tasks, 1)) == strip(together)
+    assert strip(run(tasks[2:] + tasks[:1], 2)[2:]) == strip(together[:2])
+    assert together[0].final_text != together[1].final_text  # two samples of task 0
+    copies = run([tasks[0], tasks[0]], 64, samples=1)
+    assert copies[0].final_text != copies[1].final_text
+    assert strip(copies[:1]) == strip(together[:1])
+
+
+def test_per_row_sampling_keeps_to_the_top_p_nucleus() -> None:
+    """The per-row sampler applies temperature and top-p before it draws, as `generate` does: a token
+    outside the nucleus is never drawn, and the drawn token is the only one left possible."""
+    import torch
+
+    from selfcest.engine import _PerRowSampling
+
+    scores = torch.log(torch.tensor([[0.6, 0.3, 0.1, 0.0001]] * 4))
+    nucleus = _PerRowSampling([1, 2, 3, 4], temperature=1.0, top_p=0.5, device=torch.device("cpu"))
+    for _ in range(20):
+        out = nucleus(torch.zeros((4, 1), dtype=torch.long), scores.clone())
+        assert out.argmax(-1).tolist() == [0, 0, 0, 0]
+        assert torch.isinf(out).sum().item() == 4 * 3
+    wide = _PerRowSampling([7] * 4, temperature=1.0, top_p=1.0, device=torch.device("cpu"))
+    drawn = {
+        int(wide(torch.zeros((4, 1), dtype=torch.long), scores.clone()).argmax(-1)[0]) for _ in range(60)
+    }
+    assert {0, 1} <= drawn

@@ -7,6 +7,7 @@ generated together (that is what makes clones cheap), in micro-batches bounded b
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -15,10 +16,14 @@ import numpy as np
 import torch
 from transformers import (
     GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     StoppingCriteria,
     StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
 )
 
 from selfcest.tokenizer import stop_token_ids
@@ -33,6 +38,9 @@ class GenerationRequest:
     """Hard cap on generated tokens for this request alone (>= 1)."""
     stop_strings: tuple[str, ...] = ()
     """Generation ends once the decoded continuation contains one of these (kept in the output)."""
+    seed: int | None = None
+    """This request's own sampling seed (`keyed_seed`): its draws then depend on it alone, not on the
+    other requests of the call or the micro-batch size. None: the call's seed (`SamplingConfig.seed`)."""
 
 
 @dataclass
@@ -53,8 +61,10 @@ class SamplingConfig:
     """0 means greedy decoding."""
     top_p: float = 1.0
     seed: int = 0
-    """Seeds sampling; the same batch with the same seed gives the same tokens. Each micro-batch of
-    one call draws from its own stream derived from this seed (`micro_batch_seed`)."""
+    """Seeds sampling; the same batch with the same seed gives the same tokens. A request with its own
+    `seed` (the runtime gives every request one, `keyed_seed` of this seed and the request's key)
+    draws from that alone; otherwise each micro-batch of one call draws from its own stream derived
+    from this seed (`micro_batch_seed`)."""
     return_logprobs: bool = False
 
 
@@ -105,6 +115,16 @@ _GENERATION_DEFAULTS = {
     for key, value in GenerationConfig()._get_default_generation_params().items()
     if key not in ("max_length", "min_length")
 }
+
+
+def keyed_seed(seed: int, *key: int | str) -> int:
+    """A 63-bit seed from `seed` and a key (the runtime's: task id, sample, copy, agent, turn), so that
+    a request draws the same numbers whatever else shares its call. Strings enter by their sha256."""
+    words = [seed] + [
+        int.from_bytes(hashlib.sha256(part.encode()).digest()[:8], "big") if isinstance(part, str) else part
+        for part in key
+    ]
+    return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
 
 
 def request_seeds(seed: int, count: int) -> list[int]:
@@ -250,17 +270,25 @@ class TransformersEngine:
         if stop_strings:
             criteria.append(_StopStringsInContinuation(width, self.tokenizer, stop_strings))
         do_sample = sampling.temperature > 0
+        # Requests with their own seeds sample row by row (`_PerRowSampling`), and `generate` then
+        # decodes greedily over the one token each row drew.
+        per_row = do_sample and all(r.seed is not None for r in requests)
+        processors = LogitsProcessorList()
+        if per_row:
+            processors.append(
+                _PerRowSampling([r.seed for r in requests], sampling.temperature, sampling.top_p, self.device)
+            )
         config = GenerationConfig(**_GENERATION_DEFAULTS)  # then only what `SamplingConfig` says
         config.update(
             max_new_tokens=int(budgets.max()),
             min_new_tokens=0,
-            do_sample=do_sample,
+            do_sample=do_sample and not per_row,
             eos_token_id=self.stop_ids,
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_logits=sampling.return_logprobs,
         )
-        if do_sample:
+        if do_sample and not per_row:
             config.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         # `generate` also fills the fields that `config` leaves None (min_p, suppress_tokens,
         # forced_eos_token_id, ...) from the model's own generation config, which `_GENERATION_DEFAULTS`
@@ -276,6 +304,7 @@ class TransformersEngine:
                     attention_mask=attention_mask.to(self.device),
                     generation_config=config,
                     stopping_criteria=criteria,
+                    logits_processor=processors,
                 )
         finally:
             self.model.generation_config = own_config
@@ -319,6 +348,31 @@ class TransformersEngine:
         return limit, "length"
 
 
+class _PerRowSampling(LogitsProcessor):
+    """Draws each row's next token from its own generator, seeded by its request's `seed`, and leaves
+    that token the only one possible, for `generate` to take greedily.
+
+    Why not `do_sample=True`: `generate` samples every row of a batch from the one global generator,
+    so a row's draws depended on which rows shared its micro-batch, on `max_batch_size` and on how
+    many problems the run held. A custom processor cannot run after `generate`'s own temperature
+    and top-p warpers (it merges custom processors before them), so this one applies the same two
+    warpers itself before drawing: the same distribution, per row."""
+
+    def __init__(self, seeds: Sequence[int], temperature: float, top_p: float, device: torch.device) -> None:
+        self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
+        if top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=top_p))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        probs = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1)
+        drawn = torch.stack(
+            [torch.multinomial(probs[row], 1, generator=g) for row, g in enumerate(self.generators)]
+        )
+        only = torch.full_like(scores, float("-inf"))
+        return only.scatter_(1, drawn, 0.0)
+
+
 class VLLMEngine:
     """The same interface on vLLM (paper profile, GPUs). Install with the `gpu` extra.
 
@@ -347,6 +401,8 @@ class VLLMEngine:
             return []
         self.stats.calls += 1
         self.stats.batch_sizes.append(len(requests))
+        call_seeds = request_seeds(sampling.seed, len(requests))
+        seeds = [r.seed if r.seed is not None else seed for r, seed in zip(requests, call_seeds, strict=True)]
         params = [
             SamplingParams(
                 max_tokens=r.max_new_tokens,
@@ -359,7 +415,7 @@ class VLLMEngine:
                 logprobs=0 if sampling.return_logprobs else None,
                 skip_special_tokens=True,
             )
-            for r, seed in zip(requests, request_seeds(sampling.seed, len(requests)), strict=True)
+            for r, seed in zip(requests, seeds, strict=True)
         ]
         prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from selfcest.engine import GenerationEngine, GenerationRequest, SamplingConfig
+from selfcest.engine import GenerationEngine, GenerationRequest, SamplingConfig, keyed_seed
 from selfcest.halves import HALF_KEYS, expression_halves, question_expression
 from selfcest.prompts import (
     ANSWER_MARKER,
@@ -198,6 +198,9 @@ class _State:
     """Whether the episode's agents hand halves of their sums (`RuntimeConfig.expression_halves`)."""
     invalid_objectives: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
     """Per waiting agent, the (place, reason) of the unusable objectives of its last spawn turn."""
+    copy: int = 0
+    """How many earlier episodes of the same call have this one's task id and sample index (GRPO
+    passes each prompt once per rollout): part of its requests' sampling key."""
 
 
 class Runtime:
@@ -224,6 +227,11 @@ class Runtime:
         """One episode per (task, sample), in task-major order."""
         sampling = sampling or SamplingConfig()
         states = [self._start(task, sample) for task in tasks for sample in range(num_samples)]
+        copies: dict[tuple[str, int], int] = {}
+        for state in states:
+            key = (state.task.id, state.episode.sample_index)
+            state.copy = copies.get(key, 0)
+            copies[key] = state.copy + 1
         for round_index in range(self.config.max_rounds):
             if not self._round(states, sampling, round_index):
                 break
@@ -323,8 +331,21 @@ class Runtime:
             for state in states:
                 self._resume_waiting(state)
             return any(state.ready for state in states)
+        # Each request's draws are keyed by what it is (task, sample, copy, agent, turn), not by its
+        # place in the round: a problem's samples do not change with the others run beside it.
         requests = [
-            GenerationRequest(prompt_ids=state.episode.agents[index].token_ids, max_new_tokens=grant)
+            GenerationRequest(
+                prompt_ids=state.episode.agents[index].token_ids,
+                max_new_tokens=grant,
+                seed=keyed_seed(
+                    sampling.seed,
+                    state.task.id,
+                    state.episode.sample_index,
+                    state.copy,
+                    index,
+                    len(state.episode.agents[index].turns),
+                ),
+            )
             for state, index, grant in batch
         ]
         round_sampling = SamplingConfig(
