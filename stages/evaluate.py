@@ -172,10 +172,9 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
         seed=seed,
     )
     # The journal resumes only this very cell: what its rows depend on, hashed, as the training
-    # stages key their run folders (eval.sweep.workers and threads change no row, and batch_size
-    # no greedy row; all are kept in: a resume is for a killed run of the same command, not for
-    # reuse across settings). A sampled method's draws (sc@k, avg@k) are seeded per engine call and
-    # micro-batch, not per problem, so batch_size and max_problems change its rows.
+    # stages key their run folders (eval.sweep.workers/threads/batch_size change no row, sampled
+    # ones included, since every request draws from its own keyed seed, but are kept in: a resume is
+    # for a killed run of the same command, not for reuse across settings).
     from selfcest.checkpoints import checkpoint_sha256s, code_sha256, fingerprint, prepare_run_dir
 
     hashing = time.perf_counter()
