@@ -923,3 +923,21 @@ def test_runtime_params_build_the_config_and_a_misspelt_key_is_an_error() -> Non
     assert runtime_config_from_params(None) == RuntimeConfig()
     with pytest.raises(ValueError, match=r"^runtime: unknown key\(s\) \['max_clone_per_call'\]"):
         runtime_config_from_params({"max_clone_per_call": 2, "max_turns": 3})
+
+
+def test_agentic_rag_hops_draw_from_their_own_seeds(tiny_tokenizer) -> None:
+    """A sampled RAG's hops are episodes of one task id, one agent and a first turn: without a seed of
+    its own per hop, hop 2 would redraw hop 1's numbers on another prompt."""
+    seeds: list[list[int | None]] = []
+
+    class Recording(ScriptedEngine):
+        def generate(self, requests, sampling):
+            seeds.append([r.seed for r in requests])
+            return super().generate(requests, sampling)
+
+    problems = [problem_from_record("qa", r) for r in wiki_records(4) if r.get("num_hops", 2) >= 2][:1]
+    engine = Recording(tiny_tokenizer, lambda prompt: "Answer: x")
+    spec = MethodSpec("rag-sampled", mode="rag", top_k=1, max_hops=2, temperature=0.7)
+    Evaluator(engine, RuntimeConfig(), seed=0).run(spec, problems, 256)
+    assert len(seeds) == 2 and None not in seeds[0] + seeds[1]
+    assert seeds[0] != seeds[1]

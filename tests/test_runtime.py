@@ -918,7 +918,9 @@ def test_per_row_sampling_keeps_to_the_top_p_nucleus() -> None:
     from selfcest.engine import _PerRowSampling
 
     scores = torch.log(torch.tensor([[0.6, 0.3, 0.1, 0.0001]] * 4))
-    nucleus = _PerRowSampling([1, 2, 3, 4], temperature=1.0, top_p=0.5, device=torch.device("cpu"))
+    nucleus = _PerRowSampling(
+        [1, 2, 3, 4], temperature=1, top_p=0.5, device=torch.device("cpu")
+    )  # YAML `1`: an int
     for _ in range(20):
         out = nucleus(torch.zeros((4, 1), dtype=torch.long), scores.clone())
         assert out.argmax(-1).tolist() == [0, 0, 0, 0]

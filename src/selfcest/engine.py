@@ -360,7 +360,8 @@ class _PerRowSampling(LogitsProcessor):
 
     def __init__(self, seeds: Sequence[int], temperature: float, top_p: float, device: torch.device) -> None:
         self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
+        # float(): the warper refuses an int, and a YAML `temperature: 1` arrives as one
+        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(float(temperature))])
         if top_p < 1.0:
             self.warpers.append(TopPLogitsWarper(top_p=top_p))
 

@@ -33,12 +33,12 @@ import re
 import time
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from selfcest.data.qa import record_documents
-from selfcest.engine import EngineStats, GenerationEngine, SamplingConfig
+from selfcest.engine import EngineStats, GenerationEngine, SamplingConfig, keyed_seed
 from selfcest.param_checks import check_keys
 from selfcest.prompts import ANSWER_MARKER, THINKING_SYSTEM_PROMPT, qa_monolithic_question
 from selfcest.protocol import strip_tool_calls
@@ -530,7 +530,10 @@ class Evaluator:
                     documents = {key: problems[i].documents[key] for key in retrieved[i]}
                     question = qa_monolithic_question(problems[i].question, documents)
                     tasks.append(Task(problems[i].id, question, metadata={"hop": hop + 1}))
-                for i, episode in zip(indices, runtime.run(tasks, sampling=sampling), strict=True):
+                # Each hop its own seed: the runtime keys a request's draws by task, sample, agent and
+                # turn, which every hop's episode shares (one task id, one agent, its first turn).
+                hop_sampling = replace(sampling, seed=keyed_seed(self.seed, "rag-hop", hop))
+                for i, episode in zip(indices, runtime.run(tasks, sampling=hop_sampling), strict=True):
                     episodes[i].append(episode)
                     used[i] += episode.generated_tokens
                     notes[i].append(episode.final_text.replace(ANSWER_MARKER, " "))
