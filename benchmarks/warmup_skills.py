@@ -7,7 +7,9 @@ For choosing warm-up settings without looking at the claim splits:
   root's first spawn hands the clone the first hop's paragraph key, and a later spawn the second's;
 - arithmetic on 96 train records that GRPO's seeded sample leaves out (the warm-up saw them, so
   this measures how well it kept the skill, not generalisation): monolithic by default, or with
-  the spawn tool (`--arithmetic-mode delegate`, how a GRPO checkpoint is evaluated as `selfcest`).
+  the spawn tool (`--arithmetic-mode delegate`, how a GRPO checkpoint is evaluated as `selfcest`);
+  `--arithmetic-split arithmetic_rl` takes them from the GRPO-only `rl` split instead (longer sums
+  the warm-up never saw), outside GRPO's draw in the same way.
 Prints one JSON line per checkpoint, with mean generated tokens per problem beside each accuracy.
 """
 
