@@ -43,7 +43,7 @@ from selfcest.tokenizer import load_tokenizer  # noqa: E402
 # The stages' own params and JSONL readers (OmegaConf: PyYAML reads `3e-05` as a string).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stages.common import load_params, read_jsonl  # noqa: E402
-from stages.train_grpo import grpo_records  # noqa: E402
+from stages.train_grpo import TASK_FILES, grpo_records  # noqa: E402
 
 
 def hop_keys_copied(episode: Episode, hops: list[dict]) -> tuple[bool, bool]:
@@ -87,13 +87,8 @@ def main() -> None:
     hops = {record["id"]: record["hops"] for record in read_jsonl(qa_path)}
     qa = load_problems("qa", qa_path, max_problems=None, seed=params["seed"])
     # stages/train_grpo.py's own seeded draw, so these records are outside GRPO's sample.
-    paths = {
-        "arithmetic": Path("data/arithmetic/train.jsonl"),
-        "qa": Path("data/qa/train.jsonl"),
-        "arithmetic_rl": Path("data/arithmetic/rl.jsonl"),
-    }
-    in_grpo = {r["id"] for r in grpo_records(params["grpo"]["tasks"], params["seed"], paths)}
-    outside = [r for r in read_jsonl(paths[args.arithmetic_split]) if r["id"] not in in_grpo]
+    in_grpo = {r["id"] for r in grpo_records(params["grpo"]["tasks"], params["seed"], TASK_FILES)}
+    outside = [r for r in read_jsonl(TASK_FILES[args.arithmetic_split]) if r["id"] not in in_grpo]
     arithmetic = [
         problem_from_record("arithmetic", r)
         for r in random.Random(args.arithmetic_seed).sample(

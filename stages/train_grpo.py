@@ -98,6 +98,12 @@ def check_grpo_params(grpo: dict[str, Any], variant_name: str) -> dict[str, Any]
 # grpo.tasks: how many training problems each file gives (seeded draws, in this order), and the name
 # of each file's hash in the run fingerprint and the model card.
 TASK_SOURCES = {"arithmetic": "arithmetic_train", "qa": "qa_train", "arithmetic_rl": "arithmetic_rl"}
+TASK_FILES = {
+    "arithmetic": Path("data/arithmetic/train.jsonl"),
+    "qa": Path("data/qa/train.jsonl"),
+    "arithmetic_rl": Path("data/arithmetic/rl.jsonl"),
+}
+"""Each source's file (the stage's defaults; `benchmarks/warmup_skills.py` reads the same draw)."""
 
 
 def grpo_records(tasks: dict[str, Any], seed: int, paths: dict[str, Path]) -> list[dict[str, Any]]:
@@ -140,9 +146,11 @@ def main() -> None:
     parser.add_argument("--variant", required=True)
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--init", default="artifacts/warmup_model")
-    parser.add_argument("--arithmetic", default="data/arithmetic/train.jsonl")
-    parser.add_argument("--qa", default="data/qa/train.jsonl")
-    parser.add_argument("--arithmetic-rl", default="data/arithmetic/rl.jsonl", help="GRPO-only problems")
+    parser.add_argument("--arithmetic", type=Path, default=TASK_FILES["arithmetic"])
+    parser.add_argument("--qa", type=Path, default=TASK_FILES["qa"])
+    parser.add_argument(
+        "--arithmetic-rl", type=Path, default=TASK_FILES["arithmetic_rl"], help="GRPO-only problems"
+    )
     parser.add_argument("--out", default=None, help="default artifacts/<variant>_model")
     parser.add_argument("--run-dir", default=None, help="default artifacts/runs/<variant>")
     parser.add_argument("--reports", default="reports")
@@ -158,7 +166,6 @@ def main() -> None:
     started = time.perf_counter()
 
     paths = {"arithmetic": args.arithmetic, "qa": args.qa, "arithmetic_rl": args.arithmetic_rl}
-    paths = {name: Path(path) for name, path in paths.items()}
     records = grpo_records(grpo["tasks"], params["seed"], paths)
     view = "delegate" if variant["use_tools"] else "monolithic"
     tasks = [task_from_record(record, view) for record in records]

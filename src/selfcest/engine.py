@@ -145,7 +145,7 @@ def micro_batch_seed(seed: int, micro_batch: int) -> int:
     do not reuse each other's streams either."""
     if micro_batch == 0:
         return seed  # the first (often only) micro-batch keeps the call's own seed
-    return int(np.random.SeedSequence([seed, micro_batch]).generate_state(1, np.uint64)[0] >> 1)
+    return keyed_seed(seed, micro_batch)
 
 
 class _PerRowMaxNewTokens(StoppingCriteria):
@@ -278,17 +278,18 @@ class TransformersEngine:
             processors.append(
                 _PerRowSampling([r.seed for r in requests], sampling.temperature, sampling.top_p, self.device)
             )
+        generate_samples = do_sample and not per_row  # `generate`'s own sampling, one global generator
         config = GenerationConfig(**_GENERATION_DEFAULTS)  # then only what `SamplingConfig` says
         config.update(
             max_new_tokens=int(budgets.max()),
             min_new_tokens=0,
-            do_sample=do_sample and not per_row,
+            do_sample=generate_samples,
             eos_token_id=self.stop_ids,
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_logits=sampling.return_logprobs,
         )
-        if do_sample and not per_row:
+        if generate_samples:
             config.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         # `generate` also fills the fields that `config` leaves None (min_p, suppress_tokens,
         # forced_eos_token_id, ...) from the model's own generation config, which `_GENERATION_DEFAULTS`

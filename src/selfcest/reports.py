@@ -991,9 +991,10 @@ def summary_markdown(
             "AUC crit",
         ]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        areas = {m: method_area(rows, m, auc_max_tokens) for m in methods}
         for method in methods:
             at = _by_budget(rows, method).get(reference_budget)
-            auc = method_area(rows, method, auc_max_tokens)
+            auc = areas[method]
             auc_crit = method_area(rows, method, auc_max_tokens, "critical_tokens")
             if at is None or math.isnan(at["accuracy"]):  # no row, or one without problems
                 cells = [f"`{method}`", "-"] + (["-"] if has_f1 else []) + ["-"] * 6
@@ -1017,7 +1018,6 @@ def summary_markdown(
         lines.append("")
         # Ranked at the printed precision, so that "a 0.033 > b 0.033" cannot appear; a method
         # without numbers has no area and no place in the ranking.
-        areas = {m: method_area(rows, m, auc_max_tokens) for m in methods}
         printed = {m: round(a, 3) for m, a in areas.items() if a is not None}
         ranking = sorted(printed, key=lambda m: -printed[m])
         if ranking:
