@@ -8,6 +8,7 @@ python -m stages.train_grpo --variant noclone          # monolithic GRPO, no too
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import random
@@ -47,6 +48,7 @@ LOG_COLUMNS = [
     "selfcest/delegation_rate",
     "selfcest/gate_rate",
     "selfcest/protocol_error_rate",
+    "selfcest/held_out_clone_rows",
     "kl",
     "grad_norm",
     "selfcest/grad_norm_root",
@@ -104,6 +106,8 @@ TASK_FILES = {
     "arithmetic_rl": Path("data/arithmetic/rl.jsonl"),
 }
 """Each source's file (the stage's defaults; `benchmarks/warmup_skills.py` reads the same draw)."""
+HELD_OUT_FILES = (Path("data/arithmetic/test.jsonl"), Path("data/arithmetic/ood.jsonl"))
+"""The splits whose sums no clone row trains on, as the warm-up's `--held-out` default."""
 
 
 def grpo_records(tasks: dict[str, Any], seed: int, paths: dict[str, Path]) -> list[dict[str, Any]]:
@@ -151,6 +155,13 @@ def main() -> None:
     parser.add_argument(
         "--arithmetic-rl", type=Path, default=TASK_FILES["arithmetic_rl"], help="GRPO-only problems"
     )
+    parser.add_argument(
+        "--held-out",
+        type=Path,
+        nargs="*",
+        default=list(HELD_OUT_FILES),
+        help="arithmetic splits whose sums no clone row may train on (decontamination, as in the warm-up)",
+    )
     parser.add_argument("--out", default=None, help="default artifacts/<variant>_model")
     parser.add_argument("--run-dir", default=None, help="default artifacts/runs/<variant>")
     parser.add_argument("--reports", default="reports")
@@ -159,6 +170,8 @@ def main() -> None:
     params = load_params(Path(args.params))
     grpo = params["grpo"]
     selfcest = selfcest_config(params, args.variant)  # checks the settings before the data are read
+    held_out = frozenset(record["expr"] for path in args.held_out for record in read_jsonl(path))
+    selfcest = dataclasses.replace(selfcest, held_out_sums=held_out)
     variant = grpo["variants"][args.variant]
     out = Path(args.out or f"artifacts/{args.variant}_model")
     run_dir = Path(args.run_dir or f"artifacts/runs/{args.variant}")
@@ -174,6 +187,7 @@ def main() -> None:
     data_hashes = {
         label: file_sha256(paths[name]) for name, label in TASK_SOURCES.items() if grpo["tasks"].get(name)
     }
+    data_hashes |= {f"held_out:{path}": file_sha256(path) for path in args.held_out}
     run_fingerprint = fingerprint(
         {
             "grpo": grpo,

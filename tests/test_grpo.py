@@ -138,6 +138,17 @@ def test_a_ratio_gate_that_no_clone_can_reach_is_refused() -> None:
     SelfcestConfig(runtime=RuntimeConfig(clone_max_tokens=1024), gate=GateConfig("ratio"))  # the release
 
 
+def rollout_trainer(tokenizer) -> SimpleNamespace:
+    """The parts of a `GRPOTrainer` that `make_rollout_func` reads."""
+    return SimpleNamespace(
+        accelerator=SimpleNamespace(unwrap_model=lambda model: model, process_index=0),
+        model=torch.nn.Linear(1, 1),
+        processing_class=tokenizer,
+        state=SimpleNamespace(global_step=0),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+    )
+
+
 def test_group_weighting_counts_only_the_clones_that_ran(tiny_tokenizer) -> None:
     """A clone refused for lack of budget never generated: it gets no training row and does not
     divide its episode's clone advantages under `group` weighting (three clones ran of four spawned)."""
@@ -160,18 +171,73 @@ def test_group_weighting_counts_only_the_clones_that_ran(tiny_tokenizer) -> None
         engine_factory=lambda _model, tokenizer: ScriptedEngine(tokenizer, policy),
     )
     task = Task("t", arithmetic_question("1+1+1+1+1+1"), metadata={"kind": "arithmetic", "answer": "6"})
-    trainer = SimpleNamespace(
-        accelerator=SimpleNamespace(unwrap_model=lambda model: model, process_index=0),
-        model=torch.nn.Linear(1, 1),
-        processing_class=tiny_tokenizer,
-        state=SimpleNamespace(global_step=0),
-        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-    )
+    trainer = rollout_trainer(tiny_tokenizer)
     out = make_rollout_func({"t": task}, config)(["t"], trainer)
     [rows] = out["clone_rows"]
     assert [weight for *_, weight in rows] == pytest.approx([1 / 3] * 3)
     assert all(1 in env_mask for _, _, env_mask, _ in rows)  # every row has tokens to train
     assert trainer._metrics["train"]["selfcest/clones_per_episode"] == [3.0]
+
+
+def test_no_clone_row_trains_on_a_held_out_sum(tiny_tokenizer) -> None:
+    """A clone handed a half that is a test problem (here a quarter of a 12-term sum, held out in
+    another spelling) gets no row; its sibling and the clones above it keep theirs, with the weights
+    they would have had, and the step logs how many rows were held out."""
+    from scripted_policies import halving_policy
+
+    terms = [3, -4, 5, 1, -2, 6, 7, -8, 9, 1, 2, -3]  # 12 -> 6 + 6 -> four quarters of 3
+    expr = "3" + "".join(f"{t:+d}" for t in terms[1:])
+    task = Task("t", arithmetic_question(expr), metadata={"kind": "arithmetic", "answer": str(sum(terms))})
+
+    def rows_and_count(held_out: frozenset[str]) -> tuple[list[str], list[float], float]:
+        config = SelfcestConfig(
+            runtime=RuntimeConfig(expression_halves=True, expression_max_depth=2, episode_token_budget=1024),
+            gate=GateConfig("none"),
+            clone_weighting="group",
+            held_out_sums=held_out,
+            engine_factory=lambda _model, tokenizer: ScriptedEngine(tokenizer, halving_policy),
+        )
+        trainer = rollout_trainer(tiny_tokenizer)
+        [rows] = make_rollout_func({"t": task}, config)(["t"], trainer)["clone_rows"]
+        prompts = [tiny_tokenizer.decode(prompt_ids) for prompt_ids, *_ in rows]
+        [count] = trainer._metrics["train"]["selfcest/held_out_clone_rows"]
+        return [re.findall(r"\] (\S+)", p)[-1] for p in prompts], [w for *_, w in rows], count
+
+    every, weights, count = rows_and_count(frozenset())
+    assert sorted(every) == sorted(["3-4+5+1-2+6", "7-8+9+1+2-3", "3-4+5", "1-2+6", "7-8+9", "1+2-3"])
+    assert count == 0
+    kept, kept_weights, count = rows_and_count(frozenset({"1 + 2 - 3", "99+1"}))
+    assert sorted(kept) == sorted(h for h in every if h != "1+2-3")
+    assert count == 1
+    assert kept_weights == [w for h, w in zip(every, weights, strict=True) if h != "1+2-3"]
+
+
+def test_a_clone_whose_task_spells_out_a_held_out_sum_gets_no_row(tiny_tokenizer) -> None:
+    objectives = [
+        {"task": "Calculate the value of 1+1.", "max_tokens": 16},
+        {"task": "Calculate the value of 2+2."},
+    ]
+    spawn = "<tool_call>\n" + json.dumps({"name": "spawn_clone", "arguments": {"objectives": objectives}})
+    spawn += "\n</tool_call>"
+
+    def policy(prompt: str) -> str:
+        if CLONE_SYSTEM_PROMPT in prompt:
+            return "Answer: 2"
+        return "Answer: 6" if "<tool_response>" in prompt.rsplit("<|im_start|>user", 1)[-1] else spawn
+
+    config = SelfcestConfig(
+        runtime=RuntimeConfig(episode_token_budget=512, root_max_tokens=400),
+        held_out_sums=frozenset({"2+2"}),
+        engine_factory=lambda _model, tokenizer: ScriptedEngine(tokenizer, policy),
+    )
+    task = Task("t", arithmetic_question("1+1+2+2"), metadata={"kind": "arithmetic", "answer": "6"})
+    [rows] = make_rollout_func({"t": task}, config)(["t"], rollout_trainer(tiny_tokenizer))["clone_rows"]
+    assert ["1+1" in tiny_tokenizer.decode(prompt_ids) for prompt_ids, *_ in rows] == [True]
+
+
+def test_held_out_sums_must_be_sums() -> None:
+    with pytest.raises(ValueError, match="held-out sums must be"):
+        SelfcestConfig(held_out_sums=frozenset({"1+1", "What is 2?"}))
 
 
 def generation_batch(trainer) -> tuple[dict, list[dict]]:

@@ -33,11 +33,20 @@ from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler, pad
 
 from selfcest.engine import GenerationEngine, SamplingConfig, TransformersEngine
+from selfcest.halves import HALF_KEYS, expression_halves, format_terms, parse_terms, question_expression
 from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward
 from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task
 from selfcest.tasks import score_episode
 
 ROLE_ROOT, ROLE_CLONE, ROLE_PAD = 0, 1, 2
+
+
+def normal_sum(expr: str) -> str | None:
+    """One spelling of a flat `+`/`-` sum ("12 + 7 - 3" and "12+7-3" alike), or None if it is not one."""
+    try:
+        return format_terms(parse_terms(expr))
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -57,6 +66,12 @@ class SelfcestConfig:
     loss's log-probabilities are those of the distribution the tokens were drawn from."""
     seed: int = 42
     """Seeds the rollouts (with the step and process index mixed in)."""
+    held_out_sums: frozenset[str] = frozenset()
+    """Sums (any spelling `parse_terms` reads) that no clone row may train on: the test and ood
+    problems. A half of a training sum is often a whole short test problem (22% of the tier sums and
+    30% of the `rl` sums have one in their halves tree), and a clone row trains that problem with the
+    answer the clone gave; the warm-up's teacher holds the same sums out of its clone conversations.
+    The episode itself and the other rows are unchanged: only the held-out clone's row is left out."""
     engine_factory: Callable[[Any, Any], GenerationEngine] | None = None
     """Builds the rollout engine from (model, tokenizer) at every rollout; default `TransformersEngine`,
     which generates with the policy's live weights. Tests pass a scripted policy here. `VLLMEngine`
@@ -64,6 +79,10 @@ class SelfcestConfig:
     weights without a weight sync after every optimiser step (not built; vLLM serves evaluation)."""
 
     def __post_init__(self) -> None:
+        normal = {expr: normal_sum(expr) for expr in self.held_out_sums}
+        if bad := sorted(expr for expr, n in normal.items() if n is None):
+            raise ValueError(f"held-out sums must be +/- sums of integers, got {bad[:3]}")
+        self.held_out_sums = frozenset(n for n in normal.values() if n)
         # The release's ratio gate zeroes a clone that wrote more than `ratio_min_tokens` without an
         # answer. Its 192 suits 1024-token clones; under the tiny profile's 96-token cap no clone can
         # ever write that much, so the gate would silently be the ungated ablation.
@@ -107,6 +126,29 @@ def episode_stats(
     }
 
 
+def agent_sums(episode: Episode, question: str) -> dict[str, set[str]]:
+    """The flat sums each agent of an episode is asked, by agent id, in `normal_sum` spelling.
+
+    The root: its question's sum. A clone: the half it was handed by key (`selfcest.halves`: a clone
+    handed one half holds it and may hand on halves of it), and any sum its task spells out as an
+    arithmetic question (a combining turn's clone). Parents come before their clones in
+    `episode.agents` (clones are appended when spawned), so one pass finds every half."""
+    held: dict[str, str | None] = {}  # the sum whose halves an agent may hand on
+    asked: dict[str, set[str]] = {}
+    for agent in episode.agents:
+        if agent.parent_id is None:
+            expression = question_expression(question)
+        elif len(agent.context_keys) == 1 and agent.context_keys[0] in HALF_KEYS:
+            parent = held.get(agent.parent_id)
+            expression = expression_halves(parent).get(agent.context_keys[0]) if parent else None
+        else:
+            expression = None  # such a clone holds no halves (the runtime hands it the task's documents)
+        held[agent.agent_id] = expression
+        written = question_expression(agent.task) if agent.parent_id is not None else None
+        asked[agent.agent_id] = {n for e in (expression, written) if e and (n := normal_sum(e))}
+    return asked
+
+
 def make_rollout_func(
     tasks: Mapping[str, Task], config: SelfcestConfig
 ) -> Callable[[list[str], GRPOTrainer], dict[str, Any]]:
@@ -130,6 +172,7 @@ def make_rollout_func(
             k: [] for k in ("prompt_ids", "completion_ids", "env_mask", "reward", "clone_rows")
         }
         accuracies, gates = [], []
+        held_out_rows = 0
         for prompt, episode in zip(prompts, episodes, strict=True):
             accuracy = score_episode(episode, tasks[prompt].metadata)["accuracy"]
             reward = episode_reward(episode, accuracy, config.reward).total
@@ -144,13 +187,20 @@ def make_rollout_func(
             weights = [clone_gate(clone, reward, config.gate) for clone in clones]
             if config.clone_weighting == "group" and clones:
                 weights = [w / len(clones) for w in weights]
-            out["clone_rows"].append([(*agent_row(c), w) for c, w in zip(clones, weights, strict=True)])
+            rows = list(zip(clones, weights, strict=True))
+            if config.held_out_sums:
+                sums = agent_sums(episode, tasks[prompt].question)
+                kept = [(c, w) for c, w in rows if not sums[c.agent_id] & config.held_out_sums]
+                held_out_rows += len(rows) - len(kept)
+                rows = kept
+            out["clone_rows"].append([(*agent_row(c), w) for c, w in rows])
             accuracies.append(accuracy)
             gates.append(weights)
         out["logprobs"] = None  # TRL recomputes log-probs itself when it needs them (no vLLM here)
         mode = "train" if was_training else "eval"
         for name, value in episode_stats(episodes, accuracies, gates).items():
             trainer._metrics[mode][name].append(value)
+        trainer._metrics[mode]["selfcest/held_out_clone_rows"].append(float(held_out_rows))
         return out
 
     return rollout
