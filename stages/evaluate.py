@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ _STARTED = time.perf_counter()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/evaluate.py` works too
 
+from selfcest.param_checks import check_keys  # noqa: E402
 from selfcest.sweep_config import check_method_names, check_sweep_keys, per_dataset, settings_for  # noqa: E402
 from stages.common import PARAMS_FILE, SUPPORT_FILES, file_sha256, load_params, setup_logging, write_json  # noqa: E402
 
@@ -51,17 +53,27 @@ def split_path(dataset: str, split: str) -> Path:
     raise ValueError(f"unknown dataset {dataset!r}")
 
 
-def max_problems_for(value: Any, dataset: str, split: str) -> int | None:
+def max_problems_for(
+    value: Any,
+    dataset: str,
+    split: str,
+    *,
+    splits: Mapping[str, Any] | None = None,
+    setting: str = "eval.sweep.max_problems",
+) -> int | None:
     """`eval.sweep.max_problems` for one split: a number (null: every problem) for all splits, a
     mapping per dataset, or, under a dataset, a mapping per split whose `default` covers the splits
-    it does not name (for example `{qa: {default: 48, musique_dev: 10}}` caps only the long one)."""
-    value = per_dataset(value, dataset)
-    if isinstance(value, dict):
+    it does not name (for example `{qa: {default: 48, musique_dev: 10}}` caps only the long one).
+    `splits` (`eval.splits`): the split names such a mapping may use besides `default`, so that a
+    misspelt `oood: 200` is refused rather than leaving ood at the default."""
+    value = per_dataset(value, dataset, setting=setting)
+    if isinstance(value, Mapping):
+        if splits is not None:
+            check_keys(f"{setting}.{dataset}", value, (*(splits.get(dataset) or []), "default"))
         value = value.get(split, value.get("default"))
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(
-            f"eval.sweep.max_problems for {dataset}/{split} must be a positive whole number or null, "
-            f"got {value!r}"
+            f"{setting} for {dataset}/{split} must be a positive whole number or null, got {value!r}"
         )
     return value
 
@@ -121,15 +133,30 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     # paper's models) rather than after. A check only: `eval.report` is not among this stage's
     # params, since nothing a cell writes depends on it (the rule, sweep_config.py, is a dep).
     budgets = settings_for(eval_params, args.dataset).budgets
+    if not budgets:  # the cell would write `ok` with no rows, and the report say only that none ran
+        raise ValueError(f"eval.budgets gives {args.dataset} no budget: list at least one")
     check_method_names(eval_params.get("models"))  # also a check only: the report needs unique names
 
-    sweep = eval_params["sweep"]
+    sweep = eval_params.get("sweep") or {}  # `sweep: null` is every default
+    models = eval_params.get("models") or {}
+    if args.model not in models:
+        raise ValueError(
+            f"--model {args.model!r} is not a key of eval.models ({', '.join(models) or 'none'})"
+        )
     check_sweep_keys(sweep)
+    # Checked before the checkpoint loads, the flag like the setting (0 would give empty cells).
+    max_problems = (
+        max_problems_for(
+            sweep.get("max_problems"), args.dataset, args.split, splits=eval_params.get("splits")
+        )
+        if args.max_problems is None
+        else max_problems_for(args.max_problems, args.dataset, args.split, setting="--max-problems")
+    )
     out = args.out or Path("artifacts/eval") / args.dataset / args.split / args.model
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = Path(eval_params.get("checkpoint_dir", "artifacts")) / args.model
     meta = {"dataset": args.dataset, "split": args.split, "checkpoint": args.model}
-    method_params = eval_params["models"][args.model] or {}
+    method_params = models[args.model] or {}
 
     from selfcest.evaluation import Evaluator, MethodSpec, evaluate_cell, load_problems
 
@@ -166,9 +193,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     problems = load_problems(
         args.dataset,
         split_file,
-        max_problems=args.max_problems
-        if args.max_problems is not None
-        else max_problems_for(sweep.get("max_problems"), args.dataset, args.split),
+        max_problems=max_problems,
         seed=seed,
     )
     # The journal resumes only this very cell: what its rows depend on, hashed, as the training

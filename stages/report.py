@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/report.py` works too
 
+from selfcest.param_checks import int_setting  # noqa: E402
 from stages.common import PARAMS_FILE, load_params, read_jsonl, setup_logging, write_json  # noqa: E402
 
 log = logging.getLogger("report")
@@ -169,7 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     (out / "traces.html").write_text(
         reports.traces_html(
             sweep,
-            problems_per_benchmark=int(report.get("trace_problems", 3)),
+            problems_per_benchmark=int_setting(
+                report.get("trace_problems", 3), "eval.report.trace_problems", minimum=0
+            ),
             settings=settings,
             method_order=method_order,
         ),

@@ -636,6 +636,81 @@ def test_max_problems_per_dataset_and_per_split() -> None:
             max_problems_for({"qa": bad}, "qa", "test")
 
 
+def test_a_per_dataset_or_per_split_mapping_names_only_datasets_and_splits() -> None:
+    """A misspelt dataset or split key left that benchmark at the default: every problem, no
+    budgets (a cell of no rows, written `ok`), or the middle budget as the reference."""
+    from selfcest.sweep_config import settings_for
+    from stages.evaluate import max_problems_for
+
+    with pytest.raises(ValueError, match=r"eval.sweep.max_problems: unknown key\(s\) \['arithmetc'\]"):
+        max_problems_for({"arithmetc": {"ood": 200, "default": 48}}, "arithmetic", "ood")
+    splits = {"arithmetic": ["test", "ood"], "qa": ["test"]}
+    per_split = {"arithmetic": {"oood": 200, "default": 48}}
+    with pytest.raises(ValueError, match=r"eval.sweep.max_problems.arithmetic: unknown key\(s\) \['oood'\]"):
+        max_problems_for(per_split, "arithmetic", "ood", splits=splits)
+    assert (
+        max_problems_for({"arithmetic": {"ood": 200, "default": 48}}, "arithmetic", "ood", splits=splits)
+        == 200
+    )
+    with pytest.raises(ValueError, match=r"eval.budgets: unknown key\(s\) \['arithmetc'\]"):
+        settings_for({"budgets": {"arithmetc": [128, 256]}}, "arithmetic")
+    report = {"reference_budget": {"arithmetc": 512}}
+    with pytest.raises(ValueError, match=r"eval.report.reference_budget: unknown key"):
+        settings_for({"budgets": [128, 512], "report": report}, "arithmetic")
+    with pytest.raises(ValueError, match=r"--max-problems for qa/test must be a positive whole number"):
+        max_problems_for(0, "qa", "test", setting="--max-problems")
+
+
+def test_a_frontier_range_that_is_not_positive_is_refused_before_the_sweep() -> None:
+    from selfcest.sweep_config import settings_for
+
+    for bad in (0, -5.0, True, "512"):
+        with pytest.raises(ValueError, match=r"eval.report.auc_max_tokens for qa must be a positive number"):
+            settings_for({"budgets": [64, 128], "report": {"auc_max_tokens": {"qa": bad}}}, "qa")
+    assert (
+        settings_for({"budgets": [64, 128], "report": {"auc_max_tokens": 100}}, "qa").auc_max_tokens == 100.0
+    )
+
+
+def test_method_settings_that_a_mode_would_not_read_are_refused() -> None:
+    """Each ran as another method under its name: a delegating root keeps its root prompt, so a
+    `thinking` one was plain `prompted`; RAG answers once, so `samples: 4` voted nothing."""
+    refused = {
+        "thinking with delegate": dict(mode="delegate", system_prompt="thinking"),
+        "unknown prompt": dict(system_prompt="Thinking"),
+        "rag samples": dict(mode="rag", samples=4, temperature=0.7),
+        "rag hops": dict(mode="rag", max_hops=0),
+        "rag top_k": dict(mode="rag", top_k=0),
+    }
+    for case, values in refused.items():
+        with pytest.raises(ValueError, match=r"method m: "):
+            MethodSpec("m", **values)  # type: ignore[arg-type]
+            pytest.fail(f"accepted: {case}")
+    MethodSpec("thinking", system_prompt="thinking")
+    MethodSpec("rag", mode="rag", top_k=3, max_hops=2)
+
+
+def test_a_bad_split_record_is_named_by_file_and_line(tmp_path: Path) -> None:
+    split = tmp_path / "test.jsonl"
+    good = json.dumps({"id": "a", "expr": "1+2", "answer": 3})
+    split.write_text(f"{good}\n\n{{bad json\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(split))}, line 3: not a JSON record"):
+        load_problems("arithmetic", split, max_problems=None, seed=0)
+    split.write_text(f"{good}\n{json.dumps({'id': 'b', 'answer': 3})}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(split))}, line 2: missing field 'expr'"):
+        load_problems("arithmetic", split, max_problems=None, seed=0)
+
+
+def test_trace_problems_zero_shows_no_problem(tmp_path: Path) -> None:
+    from selfcest.reports import _first_problem_ids
+
+    path = tmp_path / "episodes.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.write(json.dumps({"problem_id": "p1", "budget": 64}) + "\n")
+    assert _first_problem_ids(path, None, 0) == []
+    assert _first_problem_ids(path, None, 2) == ["p1"]
+
+
 def test_a_misspelt_sweep_setting_stops_the_cell_naming_it(tmp_path: Path, monkeypatch) -> None:
     """The cells read `eval.sweep` with defaults: `max_problem: 3` ran every problem of the split."""
     from stages import evaluate
@@ -651,6 +726,21 @@ def test_a_misspelt_sweep_setting_stops_the_cell_naming_it(tmp_path: Path, monke
             ["--params", str(params), "--dataset", "arithmetic", "--split", "test", "--model", "tiny"]
         )
     assert not (tmp_path / "artifacts").exists()  # refused before it wrote anything
+
+
+def test_a_cell_refuses_an_unknown_model_or_no_problems_before_it_writes(tmp_path: Path, monkeypatch) -> None:
+    from stages import evaluate
+
+    monkeypatch.chdir(tmp_path)
+    params = _stage_params(tmp_path, tmp_path / "checkpoints" / "tiny")
+    cell = ["--params", str(params), "--dataset", "arithmetic", "--split", "test"]
+    with pytest.raises(ValueError, match=r"--model .tyni. is not a key of eval.models \(tiny, absent_model\)"):
+        evaluate.main([*cell, "--model", "tyni"])
+    with pytest.raises(
+        ValueError, match=r"--max-problems for arithmetic/test must be a positive whole number"
+    ):
+        evaluate.main([*cell, "--model", "tiny", "--max-problems", "0"])
+    assert not (tmp_path / "artifacts").exists()
 
 
 def _cell_payload(directory: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

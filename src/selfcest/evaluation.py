@@ -122,11 +122,23 @@ def load_problems(dataset: str, path: str | Path, *, max_problems: int | None, s
 
     A record without an id (AIME 2025) is named by its line: `<dataset>-<line index>`.
     """
+    records, lines = [], []
     with open(path, encoding="utf-8") as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
+        for line_number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {line_number}: not a JSON record ({error.msg})") from error
+            lines.append(line_number)
     problems = []
     for index in select_indices(len(records), max_problems, seed):
-        problem = problem_from_record(dataset, records[index])
+        try:
+            problem = problem_from_record(dataset, records[index])
+        except (KeyError, TypeError, ValueError) as error:
+            detail = f"missing field {error}" if isinstance(error, KeyError) else str(error)
+            raise ValueError(f"{path}, line {lines[index]}: {detail}") from error
         if problem.id in ("None", ""):
             problem.id = f"{dataset}-{index}"
         problems.append(problem)
@@ -165,6 +177,25 @@ class MethodSpec:
             raise ValueError(f"method {self.name}: samples must be >= 1")
         if self.samples > 1 and self.temperature <= 0:
             raise ValueError(f"method {self.name}: {self.samples} samples need a temperature > 0")
+        # Settings a mode would accept and then not read refuse here, or the method runs as another
+        # one under its name: the thinking prompt replaces the monolithic system prompt only (a
+        # delegating root keeps the root prompt it was trained with), RAG answers once per problem
+        # (no vote), and its hops and retrieved paragraphs are counts of at least one.
+        if self.system_prompt not in ("default", "thinking"):
+            raise ValueError(
+                f"method {self.name}: system_prompt must be default or thinking, got {self.system_prompt!r}"
+            )
+        if self.system_prompt == "thinking" and self.mode != "monolithic":
+            raise ValueError(f"method {self.name}: system_prompt thinking applies to mode monolithic only")
+        if self.mode == "rag":
+            if self.samples != 1:
+                raise ValueError(f"method {self.name}: mode rag answers once (samples 1), got {self.samples}")
+            for setting in ("top_k", "max_hops"):
+                value = getattr(self, setting)
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(
+                        f"method {self.name}: {setting} must be a whole number >= 1, got {value!r}"
+                    )
         if self.mode == "rag" and self.datasets is None:
             self.datasets = ["qa"]
 

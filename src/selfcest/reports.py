@@ -1189,6 +1189,8 @@ def episode_records(path: Path, budget: int | None = None) -> Iterable[dict[str,
 
 def _first_problem_ids(path: Path, budget: int | None, limit: int) -> list[str]:
     ids: list[str] = []
+    if limit < 1:  # `trace_problems: 0` shows none (the loop below appends before it counts)
+        return ids
     for record in episode_records(path, budget):
         if record.get("problem_id") not in ids:
             ids.append(record.get("problem_id"))

@@ -12,10 +12,17 @@ from typing import Any
 
 from selfcest.param_checks import check_keys
 
+DATASETS = ("arithmetic", "qa", "math")
+"""The benchmark families a per-dataset setting may name (`stages/evaluate.py --dataset`)."""
 
-def per_dataset(value: Any, dataset: str, default: Any = None) -> Any:
-    """A setting given once for every dataset, or as a mapping per dataset (missing: `default`)."""
+
+def per_dataset(value: Any, dataset: str, default: Any = None, *, setting: str = "setting") -> Any:
+    """A setting given once for every dataset, or as a mapping per dataset (missing: `default`).
+
+    A mapping's keys must be datasets: a misspelt `arithmetc: 48` would otherwise leave arithmetic
+    at the default (every problem, or no budgets at all) unnoticed. `setting` names it in the error."""
     if isinstance(value, Mapping):
+        check_keys(setting, value, DATASETS)
         return value.get(dataset, default)
     return default if value is None else value
 
@@ -76,8 +83,10 @@ def settings_for(eval_params: Mapping[str, Any], dataset: str) -> Settings:
     one of the budgets is an error, and so is a budget that is not a positive whole number or one
     listed twice."""
     report = eval_params.get("report") or {}
-    budgets = _budgets(per_dataset(eval_params.get("budgets"), dataset, []) or [], dataset)
-    reference = per_dataset(report.get("reference_budget"), dataset)
+    budgets = _budgets(
+        per_dataset(eval_params.get("budgets"), dataset, [], setting="eval.budgets") or [], dataset
+    )
+    reference = per_dataset(report.get("reference_budget"), dataset, setting="eval.report.reference_budget")
     if reference is None:
         reference = budgets[len(budgets) // 2] if budgets else 0
     elif isinstance(reference, bool) or not isinstance(reference, int):
@@ -92,8 +101,15 @@ def settings_for(eval_params: Mapping[str, Any], dataset: str) -> Settings:
             f"eval.report.reference_budget for {dataset} is {reference}, which is not one of "
             f"eval.budgets.{dataset} {budgets}"
         )
-    auc_max = per_dataset(report.get("auc_max_tokens"), dataset)
-    auc_max = float(auc_max) if auc_max is not None else float(max(budgets, default=1))
+    auc_max = per_dataset(report.get("auc_max_tokens"), dataset, setting="eval.report.auc_max_tokens")
+    if auc_max is None:
+        auc_max = max(budgets, default=1)
+    elif isinstance(auc_max, bool) or not isinstance(auc_max, int | float) or not auc_max > 0:
+        # The frontier area divides by it: the report would stop after the whole sweep had run.
+        raise ValueError(
+            f"eval.report.auc_max_tokens for {dataset} must be a positive number of tokens, got {auc_max!r}"
+        )
+    auc_max = float(auc_max)
     return Settings(budgets, reference, auc_max)
 
 
