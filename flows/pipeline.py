@@ -44,6 +44,13 @@ def stage_order(repo_dir: Path, targets: list[str] | None = None) -> list[str]:
     only these stages, or stage groups (`train_grpo` for every `train_grpo@...`), and what they need;
     a name that is neither is refused, so a typo never runs nothing and reports success."""
     with Repo(str(repo_dir)) as repo:
+        # Repo() searches upward, but `dvc repro` runs in repo_dir itself: from a subfolder every
+        # stage would fail (and be retried), so a folder that is not the root is refused here.
+        if Path(repo.root_dir).resolve() != Path(repo_dir).resolve():
+            raise ValueError(
+                f"{repo_dir} is inside the DVC repository {repo.root_dir}, not its root: "
+                f"pass --repo {repo.root_dir}"
+            )
         graph = repo.index.graph  # edges point from a stage to the stages it depends on
         # The stages of dvc.yaml only: the graph also holds the stage of every `.dvc` file (`dvc add`,
         # `dvc import-url` into data/sources/), which has no name and which `dvc repro` leaves alone.
@@ -84,7 +91,9 @@ def repro_stage(stage: str, repo_dir: str) -> str:
         # progress bar writes, and log each refresh of the warm-up's bar as a line of its own.
         output = io.TextIOWrapper(process.stdout, encoding="utf-8", errors="replace", newline="\n")
         for raw in output:
-            line = raw.rstrip("\n").rsplit("\r", 1)[-1]  # a progress bar's last state
+            # A progress bar's last state; a trailing "\r" (a CRLF line, a bar's final refresh) first,
+            # or the text before it would be lost.
+            line = raw.rstrip("\n").rstrip("\r").rsplit("\r", 1)[-1]
             lines.append(line)
             logger.info(line)
     if process.returncode != 0:
@@ -132,6 +141,16 @@ def main() -> None:
         return
     if args.interval is not None and args.interval <= 0:
         parser.error(f"--interval must be positive, got {args.interval}")
+    try:  # a bad --cron is a usage error, reported before the DVC repo is loaded
+        when = (
+            # Anchored on a round time, so `--interval 3600` runs on the hour, not an hour after serving.
+            Interval(timedelta(seconds=args.interval), anchor_date=datetime(2020, 1, 1, tzinfo=UTC))
+            if args.interval is not None
+            else Cron(args.cron or "0 3 * * *")
+        )
+    except (ValueError, OverflowError) as exc:  # a bad cron string; an --interval of nan or inf
+        given = f"--interval {args.interval}" if args.interval is not None else f"--cron {args.cron!r}"
+        parser.error(f"{given}: {exc}")
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():
@@ -143,12 +162,6 @@ def main() -> None:
         )
     repo_dir = Path(args.repo).resolve()  # stored in the deployment: relative to nothing at run time
     stage_order(repo_dir, args.stages)  # a wrong repo or stage stops here, not at the first run
-    when = (
-        # Anchored on a round time, so `--interval 3600` runs on the hour, not an hour after serving.
-        Interval(timedelta(seconds=args.interval), anchor_date=datetime(2020, 1, 1, tzinfo=UTC))
-        if args.interval is not None
-        else Cron(args.cron or "0 3 * * *")
-    )
     pipeline.serve(
         name=args.name or "selfcest-nightly",
         parameters={"repo_dir": str(repo_dir), "stages": args.stages},

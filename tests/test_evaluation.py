@@ -734,7 +734,9 @@ def test_a_cell_refuses_an_unknown_model_or_no_problems_before_it_writes(tmp_pat
     monkeypatch.chdir(tmp_path)
     params = _stage_params(tmp_path, tmp_path / "checkpoints" / "tiny")
     cell = ["--params", str(params), "--dataset", "arithmetic", "--split", "test"]
-    with pytest.raises(ValueError, match=r"--model .tyni. is not a key of eval.models \(tiny, absent_model\)"):
+    with pytest.raises(
+        ValueError, match=r"--model .tyni. is not a key of eval.models \(tiny, absent_model\)"
+    ):
         evaluate.main([*cell, "--model", "tyni"])
     with pytest.raises(
         ValueError, match=r"--max-problems for arithmetic/test must be a positive whole number"

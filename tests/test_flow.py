@@ -65,6 +65,48 @@ def test_stage_order_leaves_out_the_stages_of_dvc_files(dvc_repo: Path) -> None:
     assert stage_order(dvc_repo, ["second"]) == ["first", "second"]
 
 
+def test_a_subfolder_of_the_repo_is_refused_by_name(dvc_repo: Path) -> None:
+    """DVC finds the repository above a subfolder, but `dvc repro` there fails: refused up front."""
+    (dvc_repo / "sub").mkdir()
+    with pytest.raises(ValueError, match="not its root") as refused:
+        stage_order(dvc_repo / "sub")
+    assert str(dvc_repo / "sub") in str(refused.value) and f"--repo {dvc_repo}" in str(refused.value)
+
+
+def test_a_stages_crlf_lines_and_final_progress_state_are_kept(
+    dvc_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line ending "\\r\\n", or a progress bar's last refresh ending "\\r" before the newline,
+    keeps its text (the task's own code, without a Prefect run: its logger is a plain one)."""
+    import logging
+
+    import flows.pipeline as module
+
+    (dvc_repo / "emit.py").write_text(
+        "import sys\n"
+        "sys.stdout.write('step 1/3\\rstep 3/3\\r\\nwindows line\\r\\n')\n"
+        "open('a.txt', 'w').write('1')\n"
+    )
+    (dvc_repo / "dvc.yaml").write_text("stages:\n  first:\n    cmd: python emit.py\n    outs: [a.txt]\n")
+    monkeypatch.setattr(module, "get_run_logger", lambda: logging.getLogger("test_flow"))
+    lines = module.repro_stage.fn("first", str(dvc_repo)).splitlines()
+    assert "step 3/3" in lines and "windows line" in lines and "step 1/3" not in lines
+
+
+def test_a_bad_cron_is_a_usage_error(dvc_repo: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import flows.pipeline as module
+
+    monkeypatch.setattr(module.pipeline, "serve", lambda **kwargs: pytest.fail("served"))
+    monkeypatch.setattr(sys, "argv", ["pipeline.py", "--serve", "--cron", "bogus", "--repo", str(dvc_repo)])
+    api = {PREFECT_API_URL: "http://127.0.0.1:4200/api"}
+    with temporary_settings(updates=api), pytest.raises(SystemExit) as exited:
+        module.main()
+    assert exited.value.code == 2
+    assert "--cron 'bogus'" in capsys.readouterr().err
+
+
 def test_serving_needs_a_prefect_server_and_runs_one_flow_run_at_a_time(
     dvc_repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -236,6 +236,72 @@ def test_a_set_mapping_over_a_profiles_scalar_keeps_the_profiles_reset(tmp_path:
     assert f"keys that {other} does not have: runtime.max_clone_per_call" in capsys.readouterr().err
 
 
+def test_a_reset_is_emitted_only_where_dvc_needs_and_takes_it(tmp_path: Path) -> None:
+    """A `--set` mapping over a profile's scalar resets that scalar first only for a key params.yaml
+    has and that no other override carries whole: inside a mapping that goes as one value, under a
+    key params.yaml lacks, or under another reset, a reset would be refused by DVC (or by us)."""
+    scalar = tmp_path / "scalar.yaml"
+    text = (REPO / "params.yaml").read_text(encoding="utf-8")
+    scalar.write_text(re.sub(r"(?m)^(    max_problems: ).*$", r"\g<1>48", text, count=1), encoding="utf-8")
+    # params.yaml's 48: the profile's mapping is one value, and the --set merges into it
+    overrides = profile_overrides(
+        {"eval": {"sweep": {"max_problems": {"arithmetic": 10, "qa": 20}}}},
+        load_profile(scalar),
+        ["eval.sweep.max_problems.qa={test: 5}"],
+    )
+    assert overrides == ["eval.sweep.max_problems={arithmetic:10,qa:{test:5}}"]
+    applied = _through_dvc(tmp_path / "scalar", overrides, source=scalar)
+    assert applied["eval"]["sweep"]["max_problems"] == {"arithmetic": 10, "qa": {"test": 5}}
+    params = _params()
+    # a new key under an open mapping: nothing to reset, and the mapping is added with its `+`
+    overrides = profile_overrides(
+        {"eval": {"sweep": {"vllm": {"gpu_memory_utilization": 0.5}}}},
+        params,
+        ["eval.sweep.vllm.gpu_memory_utilization={a: 1}"],
+    )
+    assert overrides == ["+eval.sweep.vllm.gpu_memory_utilization={a:1}"]
+    applied = _through_dvc(tmp_path / "open", overrides)
+    assert applied["eval"]["sweep"]["vllm"] == {"gpu_memory_utilization": {"a": 1}}
+    # a reset under another reset: the outer key's mapping carries it
+    overrides = profile_overrides(
+        {"eval": {"sweep": {"max_problems": None}}},
+        params,
+        ["eval.sweep.max_problems={qa: 10}", "eval.sweep.max_problems.qa={test: 5}"],
+    )
+    assert overrides == ["eval.sweep.max_problems=null", "eval.sweep.max_problems={qa:{test:5}}"]
+    applied = _through_dvc(tmp_path / "nested", overrides)
+    assert applied["eval"]["sweep"]["max_problems"] == {"qa": {"test": 5}}
+    # the resets that are needed stay
+    overrides = profile_overrides(
+        {"grpo": {"gate_options": None}}, params, ["grpo.gate_options={ratio_clamp: 2.0}"]
+    )
+    assert overrides == ["grpo.gate_options=null", "grpo.gate_options={ratio_clamp:2.0}"]
+    assert _through_dvc(tmp_path / "gate", overrides)["grpo"]["gate_options"] == {"ratio_clamp": 2.0}
+
+
+def test_a_set_key_may_carry_dvcs_plus(tmp_path: Path) -> None:
+    """`--set +key=value`, as `dvc exp run -S` spells a new key: the `+` goes where DVC needs it,
+    and a key params.yaml does not have is refused as without it."""
+    params = _params()
+    overrides = profile_overrides({}, params, ["+eval.sweep.vllm.enforce_eager=true", "+seed=3"])
+    assert overrides == ["+eval.sweep.vllm.enforce_eager=true", "seed=3"]
+    applied = _through_dvc(tmp_path, overrides)
+    assert applied["eval"]["sweep"]["vllm"] == {"enforce_eager": True} and applied["seed"] == 3
+    with pytest.raises(ProfileError, match="does not have: eval.sweep.vlm$"):
+        profile_overrides({}, params, ["+eval.sweep.vlm.enforce_eager=true"])
+    with pytest.raises(ProfileError, match="--set '~seed=1': only key=value or \\+key=value"):
+        profile_overrides({}, params, ["~seed=1"])
+
+
+def test_files_that_are_not_utf_8_are_named(tmp_path: Path, capsys) -> None:
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes('model:\n  init_from: "caf\xe9"\n'.encode("latin-1"))
+    assert cli_main(["profile", str(latin), "--params", str(REPO / "params.yaml")]) == 2
+    assert f"{latin}: not UTF-8 text" in capsys.readouterr().err
+    assert cli_main(["profile", str(PAPER), "--params", str(latin)]) == 2
+    assert f"{latin}: not UTF-8 text" in capsys.readouterr().err
+
+
 def test_keys_under_the_mappings_params_yaml_leaves_empty_are_added_as_dvc_adds_them(tmp_path: Path) -> None:
     """`eval.sweep.vllm` and `grpo.gate_options` are `{}` in params.yaml, for keyword arguments: a key
     under them is new, so it goes to DVC as `+key=value`; a typo elsewhere is still refused."""

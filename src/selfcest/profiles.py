@@ -109,6 +109,12 @@ def parse_set(item: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not key:
         raise ProfileError(f"--set expects key=value, got {item!r}")
+    if key.startswith("+") and not key.startswith("++"):
+        # As `dvc exp run -S +key=value` spells a new key. Stripped: profile_overrides checks the key
+        # and adds the `+` itself where DVC needs it (under a mapping params.yaml leaves empty).
+        key = key[1:]
+    if key.startswith(("+", "~")):
+        raise ProfileError(f"--set {item!r}: only key=value or +key=value (Hydra's ++ and ~ are not taken)")
     try:
         override = _override_parser().parse_override(f"{key}={raw}")
     except HydraException as exc:
@@ -178,6 +184,14 @@ def profile_overrides(
     for item in extra:
         tree = _merge(tree, _nested(*parse_set(item)), replaced)
     merged = dict(leaves(tree, params=params))
+    # A reset is needed only where it is a valid override: not under a key that goes as one value,
+    # its own or another reset's (that value carries the whole mapping), and not for a key
+    # params.yaml lacks (nothing to reset there; DVC would refuse it, or need a `+`).
+    replaced = {
+        k: v
+        for k, v in replaced.items()
+        if not any(k.startswith(f"{m}.") for m in (*merged, *replaced)) and _has_key(params, k)
+    }
     for key in replaced:  # the mapping as one value after its reset: DVC refuses new keys under null
         merged = {k: v for k, v in merged.items() if not k.startswith(f"{key}.")}
         merged[key] = _get(tree, key)
@@ -201,7 +215,11 @@ def read_yaml(text: str, source: Path | str) -> Any:
 
 def load_profile(path: Path | str) -> dict[str, Any]:
     """A profile (or params) file, read by `read_yaml`: a mapping of params.yaml keys."""
-    data = read_yaml(Path(path).read_text(encoding="utf-8"), path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:  # a ValueError: else a traceback instead of the file's name
+        raise ProfileError(f"{path}: not UTF-8 text: {exc}") from exc
+    data = read_yaml(text, path)
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: expected a mapping of params.yaml keys, got {type(data).__name__}")
     return data
