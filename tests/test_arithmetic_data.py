@@ -386,7 +386,18 @@ def test_splits_reject_bad_params() -> None:
         "operand_digits": [1, 1],
         "count": 300,
     }
-    with pytest.raises(RuntimeError, match="distinct expressions"):
+    with pytest.raises(
+        RuntimeError, match=r"^arithmetic\.profiles\.tiny\.tiers\.easy: .*distinct expressions"
+    ):
+        build_arithmetic_splits(params)
+    params = _small_params()
+    # no 3-operator product of 5-digit operands fits in 4 result digits: the error names the tier
+    params["profiles"]["tiny"]["tiers"]["medium"].update(
+        operator_weights={"*": 1}, operand_digits=[5, 5], max_result_digits=4, max_attempts=5
+    )
+    with pytest.raises(
+        RuntimeError, match=r"^arithmetic\.profiles\.tiny\.tiers\.medium: no expression within 4"
+    ):
         build_arithmetic_splits(params)
 
 
@@ -420,6 +431,11 @@ def test_splits_reject_bad_params() -> None:
             r"^arithmetic\.profiles\.tiny\.generator: operator_weights",
         ),
         (("generator", "max_result_digit"), 9, r"^arithmetic\.profiles\.tiny\.generator: unknown key\(s\)"),
+        (
+            ("tiers", "hard", "operator_weights"),
+            None,  # `operator_weights:` left empty in YAML
+            r"^arithmetic\.profiles\.tiny\.tiers\.hard: operator_weights must map",
+        ),
         (
             ("oood",),
             {"num_operators": [11, 19], "count": 30},

@@ -40,3 +40,15 @@ def test_a_cut_or_foreign_fingerprint_starts_the_run_over(tmp_path: Path) -> Non
     _checkpoint(run, 2, json.dumps({"global_step": 2}))
     assert prepare_run_dir(run, "other params") is None and not (run / "checkpoint-2").exists()
     assert not list(run.glob("*.tmp"))
+
+
+def test_only_the_trainers_step_folders_are_resumed(tmp_path: Path) -> None:
+    """A `checkpoint-best` folder (a user's copy) or a file named like a checkpoint crashed every rerun."""
+    run = tmp_path / "run"
+    prepare_run_dir(run, "fp")
+    _checkpoint(run, 10, json.dumps({"global_step": 10}))
+    best = run / "checkpoint-best"
+    best.mkdir()
+    (run / "checkpoint-12").write_text("not a folder", encoding="utf-8")
+    assert prepare_run_dir(run, "fp") == str(run / "checkpoint-10")
+    assert best.exists() and (run / "checkpoint-12").exists()  # left alone, not the Trainer's

@@ -173,6 +173,12 @@ def test_truncated_json_raises_naming_file(tmp_path: Path) -> None:
     lines.write_text(text[: len(text) - 100], encoding="utf-8")
     with pytest.raises(QADataError, match=r"trunc\.jsonl: invalid JSON on line 3"):
         load_musique(str(lines))
+    wrapped = tmp_path / "wrapped.json"  # a valid JSON object, pretty-printed: not a cut file
+    wrapped.write_text(json.dumps({"data": recs}, indent=2), encoding="utf-8")
+    with pytest.raises(
+        QADataError, match=r"wrapped\.json: a JSON object: expected a JSON list or JSON lines"
+    ):
+        load_musique(str(wrapped))
 
 
 def test_musique_jsonl_loads(tmp_path: Path) -> None:
@@ -253,6 +259,10 @@ def test_an_impossible_synthetic_setting_raises_instead_of_looping() -> None:
             r"qa\.synthetic\.splits\.ood\.paragraphs: the range \[9, 4\] is empty",
         ),
         ({"count": 5, "filler_sentences": [-1, 0]}, r"splits\.ood\.filler_sentences: .* must not go below 0"),
+        (
+            {"count": 5, "filler_sentences": [1, 5]},
+            r"splits\.ood\.filler_sentences: max 5 is above the 2 filler templates",
+        ),
         ({"count": 5, "hops": [0, 0]}, r"splits\.ood\.hops: .* must not go below 1"),
         ({"count": 5, "hops": [1, 2, 3]}, r"splits\.ood\.hops: expected an integer or an inclusive range"),
         ({"count": -3}, r"qa\.synthetic\.splits\.ood\.count: expected an integer >= 1, got -3"),

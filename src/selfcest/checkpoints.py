@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,6 +16,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from selfcest.hashing import file_sha256
 
 FINGERPRINT_FILE = "selfcest_fingerprint.json"
+CHECKPOINT_NAME = re.compile(r"checkpoint-\d+")
 # Files beside the weights that change what a checkpoint does with the same weights: the tokenizer's,
 # and the model's configuration (`rope_theta`, say) and generation defaults (its end-of-turn ids).
 # `special_tokens_map.json` can swap the end and padding tokens; a template under
@@ -113,7 +115,12 @@ def prepare_run_dir(run_dir: Path, run_fingerprint: str) -> str | None:
     partial = marker.with_suffix(".tmp")
     partial.write_text(json.dumps({"fingerprint": run_fingerprint}), encoding="utf-8")
     partial.replace(marker)
-    checkpoints = sorted(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    # The Trainer's own folders only (`checkpoint-<step>`, as HF's `sort_checkpoints` reads them): a
+    # `checkpoint-best` a user left there, or a file of that name, crashed every rerun.
+    checkpoints = sorted(
+        (p for p in run_dir.glob("checkpoint-*") if p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name)),
+        key=lambda p: int(p.name.split("-")[-1]),
+    )
     for checkpoint in reversed(checkpoints):
         if _read_json(checkpoint / "trainer_state.json") is not None:
             return str(checkpoint)

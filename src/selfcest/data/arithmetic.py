@@ -237,6 +237,10 @@ class ArithmeticConfig:
         object.__setattr__(self, "operand_digits", tuple(int(x) for x in self.operand_digits))
         object.__setattr__(self, "num_operators", tuple(int(x) for x in self.num_operators))
         object.__setattr__(self, "paren_wide_operands", tuple(int(x) for x in self.paren_wide_operands))
+        if not isinstance(self.operator_weights, Mapping):  # `operator_weights:` left empty in YAML
+            raise ValueError(
+                f"operator_weights must map '+', '-', '*' to weights, got {self.operator_weights!r}"
+            )
         weights = {str(k): float(v) for k, v in self.operator_weights.items()}
         object.__setattr__(self, "operator_weights", weights)
         if set(weights) - {"+", "-", "*"} or any(w < 0 for w in weights.values()):
@@ -374,6 +378,8 @@ def _record(expr: str, value: int, tier: str, split: str) -> dict[str, Any]:
 def _sample_unique(
     config: ArithmeticConfig, count: int, rng: random.Random, seen: set[str], label: str
 ) -> list[tuple[str, int]]:
+    """`count` distinct expressions of `config` not in `seen`; `label` (the tier's params path) names
+    the tier in every error."""
     out: list[tuple[str, int]] = []
     # Small tiers (1 operator, 1-2 digit operands) have only ~2e4 distinct problems; cap the draws
     # so an impossible count fails loudly instead of looping forever.
@@ -382,7 +388,10 @@ def _sample_unique(
         budget -= 1
         if budget < 0:
             raise RuntimeError(f"{label}: could not draw {count} distinct expressions; lower the count")
-        expr, value = generate_expression(config, rng)
+        try:
+            expr, value = generate_expression(config, rng)
+        except RuntimeError as err:  # no expression within the result digits: which tier's settings
+            raise RuntimeError(f"{label}: {err}") from err
         if expr not in seen:
             seen.add(expr)
             out.append((expr, value))
@@ -463,7 +472,9 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
     seen: set[str] = set()
     splits: dict[str, list[dict[str, Any]]] = {name: [] for name in SPLITS}
     for tier, (cfg, count) in tiers.items():
-        problems = _sample_unique(cfg, count, random.Random(_derive_seed(seed, f"tier/{tier}")), seen, tier)
+        problems = _sample_unique(
+            cfg, count, random.Random(_derive_seed(seed, f"tier/{tier}")), seen, f"{where}.tiers.{tier}"
+        )
         n_test = round(test_fraction * count)
         # The draws are not i.i.d. once repeats are rejected: a tier's rare shapes (the tiny
         # profile's 162 one-operator problems) come up early and run out, so the first n_test draws
@@ -475,11 +486,11 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
             splits[split].append(_record(expr, value, tier, split))
     if ood is not None:
         cfg, count = ood
-        problems = _sample_unique(cfg, count, random.Random(_derive_seed(seed, "ood")), seen, "ood")
+        problems = _sample_unique(cfg, count, random.Random(_derive_seed(seed, "ood")), seen, f"{where}.ood")
         splits["ood"] = [_record(expr, value, "ood", "ood") for expr, value in problems]
     if rl is not None:
         cfg, count = rl
-        problems = _sample_unique(cfg, count, random.Random(_derive_seed(seed, "rl")), seen, "rl")
+        problems = _sample_unique(cfg, count, random.Random(_derive_seed(seed, "rl")), seen, f"{where}.rl")
         splits["rl"] = [_record(expr, value, "rl", "rl") for expr, value in problems]
     # Shuffle so that consumers reading in order (training loops, truncated evals) see a tier mix.
     for name in ("train", "test"):

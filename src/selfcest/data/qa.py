@@ -261,6 +261,9 @@ def read_json_records(path: str, storage_options: Mapping[str, Any] | None = Non
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError as exc:
+            if not records and _is_json_object(text):
+                # A pretty-printed object (`{"data": [...]}`) failed on its first line as if cut.
+                raise QADataError(str(path), "a JSON object: expected a JSON list or JSON lines") from exc
             raise QADataError(
                 str(path), f"invalid JSON on line {lineno} column {exc.colno} (truncated?): {exc.msg}"
             ) from exc
@@ -269,6 +272,13 @@ def read_json_records(path: str, storage_options: Mapping[str, Any] | None = Non
                 str(path), f"unreadable JSON on line {lineno}: {type(exc).__name__}: {exc}"
             ) from exc
     return records
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def lone_surrogate_field(value: Any, where: str = "<record>", depth: int = 0) -> str | None:
@@ -884,6 +894,14 @@ def split_config(
         filler_sentences=_setting_range(value("filler_sentences"), where("filler_sentences"), minimum=0),
         extra_entities=int_setting(value("extra_entities"), where("extra_entities"), minimum=0),
     )
+    # A paragraph draws its filler sentences from its entity type's templates without repeats, so a
+    # larger max was silently capped at the fewest templates a type has.
+    most = min(len(templates) for templates in _FILLERS.values())
+    if cfg.filler_sentences[1] > most:
+        raise ValueError(
+            f"{where('filler_sentences')}: max {cfg.filler_sentences[1]} is above the {most} filler "
+            "templates that every entity type has (a paragraph repeats none)"
+        )
     # Every hop's subject needs its own paragraph; checked here so that a setting that fails only
     # when a draw pairs few paragraphs with many hops fails at once, naming both settings.
     if cfg.paragraphs[0] < cfg.hops[1]:
