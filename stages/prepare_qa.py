@@ -12,6 +12,10 @@ Outputs (paths relative to the working directory):
   reports/qa_validation.json counts per source and split, invalid fractions, expectations (DVC metrics)
   reports/qa_validation.md   the same for humans (GX Data Docs need a CDN, so we write our own)
 
+When a source group or split has more invalid records than `validation.max_invalid_fraction`, the
+quarantine and the reports are written (no split is), then the stage stops with QAValidationError
+naming the file, the count and the first offending record, so that every reason is kept.
+
 Relative source paths are resolved against the working directory (the repo root under DVC), so
 the default `../shared/data/benchmarks/...` points at the read-only sample files. `s3://` URLs go
 through fsspec/s3fs with the source's `storage_options`.
@@ -30,6 +34,7 @@ import time
 import unicodedata
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +55,7 @@ from selfcest.data.qa import (  # noqa: E402
     split_config,
     type_guess_accuracy,
 )
-from selfcest.data.validation import check_limits, validate_records  # noqa: E402
+from selfcest.data.validation import QAValidationError, check_limits, validate_records  # noqa: E402
 from selfcest.param_checks import check_keys  # noqa: E402
 from stages.common import PARAMS_FILE, load_params, resolve_source, setup_logging, write_json  # noqa: E402
 
@@ -149,13 +154,71 @@ def quarantine_train_overlaps(
     return out
 
 
+SYNTHETIC_SOURCE = "synthetic"
+"""The `source` of every generated record (`validate_records(..., source=...)` below)."""
+
+
+@dataclass
+class Prepared:
+    """What the stage writes, and the stop messages of the groups over the invalid limit."""
+
+    splits: dict[str, list[QARecord]] = field(default_factory=dict)
+    quarantined: list[Quarantined] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def check(self, quarantine: Path | None = None) -> None:
+        """Raise QAValidationError when a source group or split had too many invalid records: the
+        first one's message (file, count, first offending record), the others after it, and where
+        the quarantine with every record's reasons was written."""
+        if not self.problems:
+            return
+        message = "\n".join(self.problems)
+        if quarantine is not None:
+            message += f"\nevery quarantined record, with its reasons, is in {quarantine}"
+        raise QAValidationError(message)
+
+
+def check_answer_in_context_sources(params: Mapping[str, Any]) -> None:
+    """A name listed in `validation.answer_in_context_sources` must be `synthetic` or the source
+    name of a configured `qa.real` source (its `source`, else its `format`, as the loader is given):
+    a name that matches none (`2wiki` for `2wikimultihopqa`) turned the check off for that source
+    silently. Only a list the params give is checked: the default names sources a profile may not
+    configure. Sources of a disabled `qa.real` count, so that switching them off needs no other edit."""
+    listed = (params.get("validation") or {}).get("answer_in_context_sources")
+    if not listed:
+        return
+    real = params["qa"].get("real") or {}
+    known = {SYNTHETIC_SOURCE} | {
+        str(src.get("source", src.get("format")))
+        for src in real.get("sources") or []
+        if isinstance(src, Mapping) and src.get("source", src.get("format")) is not None
+    }
+    unknown = [name for name in listed if name not in known]
+    if unknown:
+        raise ValueError(
+            f"validation.answer_in_context_sources: unknown source name(s) {', '.join(map(repr, unknown))}: "
+            "no configured qa.real source has them, so the check would be off for them (known source "
+            f"names: {', '.join(sorted(known))})"
+        )
+
+
 def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quarantined], dict[str, Any]]:
-    """Everything but the writing: (kept splits, quarantined, metrics)."""
+    """Everything but the writing: (kept splits, quarantined, metrics). Raises QAValidationError when
+    too many records are invalid (`prepare` then `Prepared.check`; `main` writes in between)."""
+    prepared = prepare(params)
+    prepared.check()
+    return prepared.splits, prepared.quarantined, prepared.metrics
+
+
+def prepare(params: dict[str, Any]) -> Prepared:
+    """Everything but the writing and the stop on too many invalid records (`Prepared.problems`)."""
     qa = params["qa"]
     # Checked before any generating or reading: a bad setting fails at once, naming itself. `limits`
     # is then the checked settings over their defaults, the same that `validate_records` applies.
     limits = check_limits(params.get("validation") or {})
     splits: dict[str, list[QARecord]] = {}
+    problems: list[str] = []  # too_many_invalid's messages: raised after the quarantine is written
     quarantined: list[Quarantined] = []
     metrics: dict[str, Any] = {"sources": {}, "splits": {}, "expectations": {}}
     where: dict[int, tuple[str, int]] = {}  # id(kept record) -> (file, index): for the overlap check
@@ -170,6 +233,7 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
     # ---- synthetic
     check_keys("qa", qa, ("seed", "synthetic", "real"))
     check_keys("qa.real", qa.get("real"), ("enabled", "sources"))
+    check_answer_in_context_sources(params)
     syn = qa.get("synthetic") or {}
     if syn.get("enabled", True):
         # Every key but the switch and the splits is a default for the splits, so that `split_config`
@@ -180,7 +244,11 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
         }
         generated = generate_synthetic(int(qa["seed"]), configs)
         for name, records in generated.items():
-            result = validate_records(records, limits, origin=f"synthetic/{name}", source="synthetic")
+            # enforce=False: an error here would lose the quarantine (`Prepared.check` raises later).
+            result = validate_records(
+                records, limits, origin=f"synthetic/{name}", source=SYNTHETIC_SOURCE, enforce=False
+            )
+            problems += [result.problem] if result.problem else []
             splits[name] = result.kept
             where.update({id(r): (f"synthetic/{name}", index) for index, r in enumerate(records)})
             source_key[(name, f"synthetic/{name}")] = f"synthetic/{name}"
@@ -254,7 +322,9 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
                 prior=prior,
                 files=files,
                 indices=indices,
+                enforce=False,  # as for the synthetic splits: `Prepared.check` raises after writing
             )
+            problems += [result.problem] if result.problem else []
             splits[split_name] = result.kept
             where.update({id(r): (f, i) for r, f, i in zip(records, files, indices, strict=True)})
             for q in result.quarantined:  # the expectations' quarantines carry the record's own split
@@ -331,7 +401,7 @@ def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quara
         invalid_fraction=invalid / judged if judged else 0.0,
         max_invalid_fraction=float(limits["max_invalid_fraction"]),
     )
-    return splits, quarantined, metrics
+    return Prepared(splits, quarantined, metrics, problems)
 
 
 def _guess(value: float | None) -> str:
@@ -409,26 +479,31 @@ def main(argv: list[str] | None = None) -> None:
 
     datasets.disable_progress_bars()
     started = time.perf_counter()
-    splits, quarantined, metrics = build(load_params(args.params))
+    prepared = prepare(load_params(args.params))
+    splits, quarantined, metrics = prepared.splits, prepared.quarantined, prepared.metrics
     empty = [name for name, records in splits.items() if not records]
-    if empty:  # before the old outputs are removed: datasets cannot store an empty split
+    if empty and not prepared.problems:  # before the old outputs are removed: datasets cannot
+        # store an empty split. With problems, the QAValidationError below explains an empty split.
         raise ValueError(f"QA splits with no records left after validation: {', '.join(empty)}")
 
-    # Start from an empty directory so a split dropped from the params leaves no stale files.
+    # Start from an empty directory so a split dropped from the params leaves no stale files (and a
+    # stopped run leaves no old split beside its new quarantine).
     if args.out.exists():
         shutil.rmtree(args.out)
-    features = _features()
-    dataset = datasets.DatasetDict(
-        {name: datasets.Dataset.from_list(records, features=features) for name, records in splits.items()}
-    )
-    dataset.save_to_disk(str(args.out))
-    for name, records in splits.items():
-        (args.out / f"{name}.jsonl").write_text(canonical_jsonl(records), encoding="utf-8")
-    (args.out / "quarantine.jsonl").write_text(
-        canonical_jsonl(q.to_dict() for q in quarantined), encoding="utf-8"
-    )
+    if not prepared.problems:  # a stopped run writes no split: only what says what to fix
+        features = _features()
+        dataset = datasets.DatasetDict(
+            {name: datasets.Dataset.from_list(records, features=features) for name, records in splits.items()}
+        )
+        dataset.save_to_disk(str(args.out))
+        for name, records in splits.items():
+            (args.out / f"{name}.jsonl").write_text(canonical_jsonl(records), encoding="utf-8")
+    args.out.mkdir(parents=True, exist_ok=True)
+    quarantine = args.out / "quarantine.jsonl"
+    quarantine.write_text(canonical_jsonl(q.to_dict() for q in quarantined), encoding="utf-8")
     write_json(args.reports / "qa_validation.json", metrics)
     (args.reports / "qa_validation.md").write_text(render_markdown(metrics, quarantined), encoding="utf-8")
+    prepared.check(quarantine)  # after writing: the quarantine keeps every reason, not just the first
     log.info(
         "wrote %s (%s; %d quarantined) in %.1fs",
         args.out,

@@ -12,8 +12,15 @@ import pytest
 import yaml
 from benchmark_paths import BENCHMARKS as BENCH
 
+from selfcest.data import validation
 from selfcest.data.qa import generate_synthetic, load_2wiki, load_musique
-from selfcest.data.validation import QAValidationError, flatten, schema_errors, validate_records
+from selfcest.data.validation import (
+    QAValidationError,
+    flatten,
+    run_expectations,
+    schema_errors,
+    validate_records,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 WIKI = BENCH / "2wikimultihopqa" / "2wikimultihopqa_dev_hipporag_first10.json"
@@ -116,7 +123,13 @@ def test_a_yes_no_alias_does_not_exempt_a_gold_that_is_not_yes_no() -> None:
             r"validation\.min_paragraphs \(10\) > validation\.max_paragraphs \(4\)",
         ),
         ({"max_num_hops": 0}, r"validation\.min_num_hops \(1\) > validation\.max_num_hops \(0\)"),
-        ({"max_answer_chars": -1}, r"validation\.max_answer_chars: expected an integer >= 0, got -1"),
+        ({"max_answer_chars": -1}, r"validation\.max_answer_chars: expected an integer >= 1, got -1"),
+        # The suite's ranges for these start at 1: "between 1 and 0" crashed GX and the check was off.
+        ({"max_answer_chars": 0}, r"validation\.max_answer_chars: expected an integer >= 1, got 0"),
+        ({"max_key_chars": 0}, r"validation\.max_key_chars: expected an integer >= 1, got 0"),
+        ({"max_paragraph_chars": 0}, r"validation\.max_paragraph_chars: expected an integer >= 1, got 0"),
+        ({"max_context_chars": 0}, r"validation\.max_context_chars: expected an integer >= 1, got 0"),
+        ({"max_question_chars": 0, "min_question_chars": 0}, None),  # a range of its own: 0 is sound
         (
             {"max_invalid_fraction": 5},
             r"validation\.max_invalid_fraction: expected a number in \[0, 1\], got 5",
@@ -128,8 +141,64 @@ def test_a_bad_validation_setting_is_a_value_error_naming_it(limits: dict, messa
     """min > max used to quarantine every record and stop the stage blaming the data; a typo kept
     the default silently."""
     records = generate_synthetic(0, {"train": {"count": 2}})["train"]
+    if message is None:
+        validate_records(records, limits | LOOSE)
+        return
     with pytest.raises(ValueError, match=message):
         validate_records(records, limits)
+
+
+def test_a_crashed_expectation_stops_the_run_naming_it_and_the_exception() -> None:
+    """GX 1.24 reports a metric that crashed under a `MetricConfigurationID(...)` key of
+    `exception_info`, not at its top level, where the guard looked: the expectation came back as a
+    failure naming no record, so nothing was quarantined and the check was silently off."""
+    import great_expectations.expectations as gxe
+    import pandas as pd
+
+    df = pd.DataFrame({"_row": [0, 1], "x": [5, 7]})
+    crashes = {
+        "empty_range": (
+            gxe.ExpectColumnValuesToBeBetween(column="x", min_value=1, max_value=0),
+            r"expectation empty_range crashed: min_value cannot be greater than max_value",
+        ),
+        "no_such_column": (
+            gxe.ExpectColumnValuesToBeBetween(column="nope", min_value=1),
+            r"expectation no_such_column crashed: .*column \"nope\" in BatchData does not exist",
+        ),
+        # No exception, but a failure that names no row would quarantine nothing either.
+        "x_is_str": (
+            gxe.ExpectColumnValuesToBeOfType(column="x", type_="str"),
+            r"expectation x_is_str failed without naming a failing record .*observed value 'int64'",
+        ),
+    }
+    for name, (expectation, message) in crashes.items():
+        with pytest.raises(RuntimeError, match=message):
+            run_expectations(df, f"crash_{name}", lambda e=expectation, n=name: [(n, e)], "test")
+    sound = run_expectations(
+        df,
+        "crash_sound",
+        lambda: [("x_small", gxe.ExpectColumnValuesToBeBetween(column="x", min_value=1, max_value=6))],
+        "test",
+    )
+    assert sound == {"x_small": {"success": False, "unexpected_count": 1, "rows": [1], "error": None}}
+
+
+def test_validation_stops_when_the_qa_suite_crashes(
+    real: list[dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the limit check bypassed, max_answer_chars 0 makes answer_non_empty "between 1 and 0":
+    the run must stop naming it, not keep the record with the empty answer."""
+    monkeypatch.setattr(
+        validation,
+        "check_limits",
+        lambda limits, prefix="validation": {**validation.DEFAULT_LIMITS, **limits},
+    )
+    recs = copy.deepcopy(real[:3])
+    recs[1]["answers"] = [""]
+    with pytest.raises(
+        RuntimeError, match=r"expectation answer_non_empty crashed: min_value cannot be greater"
+    ):
+        validate_records(recs, {"max_answer_chars": 0, **LOOSE})
 
 
 def test_the_stage_names_a_bad_split_range_before_generating(tmp_path: Path) -> None:
@@ -271,6 +340,41 @@ def _wiki_with_two_bad_records(tmp_path: Path) -> tuple[list[dict], Path]:
     path = tmp_path / "wiki.json"
     path.write_text(json.dumps(records))
     return records, path
+
+
+def test_a_stopped_stage_writes_the_quarantine_and_reports_first(tmp_path: Path) -> None:
+    """Over max_invalid_fraction the stage raised inside the validation, before the quarantine and
+    the reports were written: every reason but the first in the message was lost. Now both bad
+    records are in data/qa/quarantine.jsonl and the reports, no split is written (nor an old one
+    left), and the error still names the file, the count and the first offending record."""
+    sys.path.insert(0, str(ROOT))
+    from stages import prepare_qa
+
+    records, path = _wiki_with_two_bad_records(tmp_path)
+    params = _real_only(tmp_path, [{"name": "x_dev", "format": "2wiki", "path": str(path)}])
+    params["validation"] = {"max_invalid_fraction": 0.2}
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params), encoding="utf-8")
+    out, reports = tmp_path / "data" / "qa", tmp_path / "reports"
+    out.mkdir(parents=True)
+    (out / "old_split.jsonl").write_text("{}\n")
+    with pytest.raises(QAValidationError) as err:
+        prepare_qa.main(["--params", str(params_file), "--out", str(out), "--reports", str(reports)])
+    message = str(err.value)
+    assert f"{path}: 2/4 records invalid" in message
+    assert f"first offending record #0 id {records[0]['_id']!r}: field 'question': missing" in message
+
+    quarantine = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert [(q["index"], q["record_id"], q["stage"]) for q in quarantine] == [
+        (0, records[0]["_id"], "adapter"),
+        (3, records[3]["_id"], "expectations"),
+    ]
+    assert quarantine[1]["reasons"] == ["expectation: answer_non_empty"]
+    assert sorted(p.name for p in out.iterdir()) == ["quarantine.jsonl"]
+    metrics = json.loads((reports / "qa_validation.json").read_text(encoding="utf-8"))
+    assert (metrics["kept"], metrics["invalid"], metrics["invalid_fraction"]) == (2, 2, 0.5)
+    assert records[3]["_id"] in (reports / "qa_validation.md").read_text(encoding="utf-8")
+    assert f"every quarantined record, with its reasons, is in {out / 'quarantine.jsonl'}" in message
 
 
 def test_quarantine_names_each_records_position_in_its_file(tmp_path: Path) -> None:
@@ -508,3 +612,41 @@ def test_the_stage_refuses_a_misspelt_qa_setting_by_name(tmp_path: Path, edit: A
     edit(params["qa"])
     with pytest.raises(ValueError, match=message):
         build(params)
+
+
+def test_an_answer_in_context_source_that_no_source_has_is_refused_naming_it(tmp_path: Path) -> None:
+    """`2wiki` listed for the loader's `2wikimultihopqa` matched no record, so the check was off
+    for 2Wiki, silently. Refused before any reading (the path does not exist), naming the setting,
+    the unknown name and the known ones; the committed params pass."""
+    sys.path.insert(0, str(ROOT))
+    from stages import prepare_qa
+
+    sources = [
+        {"name": "w_dev", "format": "2wiki", "source": "2wikimultihopqa", "path": str(tmp_path / "none")},
+        {"name": "m_dev", "format": "musique", "path": str(tmp_path / "none")},  # source: the format
+    ]
+    params = _real_only(tmp_path, sources)
+    params["validation"] = {"answer_in_context_sources": ["synthetic", "2wiki", "musique", "hotpot"]}
+    with pytest.raises(
+        ValueError,
+        match=r"^validation\.answer_in_context_sources: unknown source name\(s\) '2wiki', 'hotpot': no "
+        r"configured qa\.real source has them.*\(known source names: 2wikimultihopqa, musique, synthetic\)$",
+    ):
+        prepare_qa.build(params)
+
+    params["validation"] = {"answer_in_context_sources": ["synthetic", "2wikimultihopqa", "musique"]}
+    params["qa"]["real"]["enabled"] = False  # switched off, the sources still name the sources
+    prepare_qa.check_answer_in_context_sources(params)
+    committed = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    prepare_qa.check_answer_in_context_sources(committed)
+
+    # With the name right, the check is on for 2Wiki: a gold nowhere in its context is quarantined.
+    wiki = json.loads(WIKI.read_text(encoding="utf-8"))[:3]
+    wiki[0]["answer"] = "Zanzibar Quux"
+    (tmp_path / "wiki.json").write_text(json.dumps(wiki), encoding="utf-8")
+    params = _real_only(tmp_path, [{**sources[0], "path": str(tmp_path / "wiki.json")}])
+    params["validation"] = {"answer_in_context_sources": ["2wikimultihopqa"], **LOOSE}
+    _, quarantined, _ = prepare_qa.build(params)
+    assert [(q.record_id, q.reasons) for q in quarantined] == [
+        (wiki[0]["_id"], ["expectation: answer_in_context"])
+    ]

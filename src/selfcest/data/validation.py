@@ -64,6 +64,11 @@ DEFAULT_LIMITS: dict[str, Any] = {
 }
 
 
+#: Upper bounds of ranges whose lower end the suite fixes at 1 (`build_suite`: an empty answer, key,
+#: paragraph or context is invalid): 0 would make "between 1 and 0", which GX does not fail record
+#: by record but crashes on, so the check would be off for every record.
+POSITIVE_LIMITS = ("max_answer_chars", "max_key_chars", "max_paragraph_chars", "max_context_chars")
+
 #: Inclusive (min, max) pairs among the limits: min > max would quarantine every record.
 LIMIT_RANGES = (
     ("min_paragraphs", "max_paragraphs"),
@@ -74,9 +79,9 @@ LIMIT_RANGES = (
 
 def check_limits(limits: Mapping[str, Any], prefix: str = "validation") -> dict[str, Any]:
     """`limits` over DEFAULT_LIMITS, checked: an unknown name (a typo would silently keep the
-    default), a count that is not a non-negative integer, a fraction outside [0, 1] or a range with
-    min > max (which would quarantine every record and stop the stage blaming the data) raises a
-    ValueError naming the setting `<prefix>.<name>`."""
+    default), a count that is not a non-negative integer (or one of POSITIVE_LIMITS below 1), a
+    fraction outside [0, 1] or a range with min > max (which would quarantine every record and stop
+    the stage blaming the data) raises a ValueError naming the setting `<prefix>.<name>`."""
     unknown = sorted(set(limits) - set(DEFAULT_LIMITS))
     if unknown:
         names = ", ".join(f"{prefix}.{k}" for k in unknown)
@@ -87,7 +92,7 @@ def check_limits(limits: Mapping[str, Any], prefix: str = "validation") -> dict[
     fraction_setting(lim["max_invalid_fraction"], f"{prefix}.max_invalid_fraction")
     counts = [n for n in lim if n.startswith(("min_", "max_")) and n != "max_invalid_fraction"]
     for name in counts:
-        int_setting(lim[name], f"{prefix}.{name}", minimum=0)
+        int_setting(lim[name], f"{prefix}.{name}", minimum=1 if name in POSITIVE_LIMITS else 0)
     for lo, hi in LIMIT_RANGES:
         if lim[lo] > lim[hi]:
             raise ValueError(
@@ -113,6 +118,9 @@ class ValidationResult:
     kept: list[QARecord] = field(default_factory=list)
     quarantined: list[Quarantined] = field(default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
+    #: The stop message when too many records are invalid (`too_many_invalid`), else None: with
+    #: `enforce=False` the caller writes the quarantine first, then raises QAValidationError with it.
+    problem: str | None = None
 
 
 # ---------------------------------------------------------------------------------------- schema
@@ -325,7 +333,9 @@ def run_expectations(
     df: pd.DataFrame, suite_name: str, build: Callable[[], list[tuple[str, Any]]], cache_key: str = ""
 ) -> dict[str, dict[str, Any]]:
     """Run the suite that `build` makes ((name, expectation) pairs) over `df`, whose `_row` column
-    numbers its rows; return name -> {success, unexpected_count, rows (list of _row), error}."""
+    numbers its rows; return name -> {success, unexpected_count, rows (list of _row), error}.
+    Raises RuntimeError naming the expectation when one crashed or failed without naming a row:
+    either way its records would otherwise pass unchecked."""
     definition, by_id = _definition(suite_name, build, cache_key)
     result = definition.run(
         batch_parameters={"dataframe": df},
@@ -334,19 +344,36 @@ def run_expectations(
     out: dict[str, dict[str, Any]] = {}
     for res in result.results:
         name = by_id.get(res.expectation_config.id, res.expectation_config.type)
-        info = res.exception_info or {}
-        raised = bool(info.get("raised_exception")) if isinstance(info, dict) else False
+        errors = _raised_exceptions(res.exception_info)
         rows = sorted({int(item["_row"]) for item in res.result.get("unexpected_index_list") or []})
         out[name] = {
             "success": bool(res.success),
             "unexpected_count": int(res.result.get("unexpected_count") or 0),
             "rows": rows,
-            "error": info.get("exception_message") if raised else None,
+            "error": "; ".join(errors) if errors else None,
         }
-        if raised:
+        if errors:
             # A crashed expectation is a bug in the suite, not in the data: fail loudly.
-            raise RuntimeError(f"expectation {name} crashed: {info.get('exception_message')}")
+            raise RuntimeError(f"expectation {name} crashed: {'; '.join(errors)}")
+        if not res.success and not rows:
+            # A failure that names no record quarantines none, so the records would pass unchecked
+            # (GX 1.24 reports some crashes only this way, and an aggregate check fails like this).
+            raise RuntimeError(
+                f"expectation {name} failed without naming a failing record "
+                f"(unexpected_count {out[name]['unexpected_count']}, observed value "
+                f"{res.result.get('observed_value')!r}): the suite cannot check the records"
+            )
     return out
+
+
+def _raised_exceptions(info: Any) -> list[str]:
+    """The messages of the exceptions an expectation's `exception_info` reports. GX 1.24 gives
+    either one top-level {raised_exception, exception_message, ...} or, when a metric crashed, one
+    such dict per `MetricConfigurationID(...)` key: reading only the top level missed those."""
+    if not isinstance(info, dict):
+        return []
+    found = [info, *(v for v in info.values() if isinstance(v, dict))]
+    return [str(d.get("exception_message") or "no message") for d in found if d.get("raised_exception")]
 
 
 def expectation_summary(results: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -383,9 +410,10 @@ def validate_records(
     invalid fraction (but those of EXCLUDED_STAGES, sound records kept out by design, neither count
     nor enter its denominator) and are returned first.
 
-    Raises QAValidationError when enforce and invalid / (total - excluded) > max_invalid_fraction,
-    and ValueError naming the setting when `limits` are not sound (`check_limits`).
-    """
+    Raises QAValidationError when enforce and invalid / (total - excluded) > max_invalid_fraction
+    (otherwise its message is `ValidationResult.problem`), ValueError naming the setting when
+    `limits` are not sound (`check_limits`), and RuntimeError naming the expectation when one
+    crashes or fails without naming a record (`run_expectations`)."""
     lim = check_limits(limits or {})
     out = ValidationResult()
 
@@ -465,9 +493,9 @@ def validate_records(
         "max_invalid_fraction": lim["max_invalid_fraction"],
         "expectations": expectation_summary(expectations),
     }
-    problem = too_many_invalid(origin, invalid, judged, lim["max_invalid_fraction"])
-    if enforce and problem:
-        raise QAValidationError(problem)
+    out.problem = too_many_invalid(origin, invalid, judged, lim["max_invalid_fraction"])
+    if enforce and out.problem:
+        raise QAValidationError(out.problem)
     return out
 
 
