@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -149,10 +150,8 @@ def rollout_trainer(tokenizer) -> SimpleNamespace:
     )
 
 
-def test_group_weighting_counts_only_the_clones_that_ran(tiny_tokenizer) -> None:
-    """A clone refused for lack of budget never generated: it gets no training row and does not
-    divide its episode's clone advantages under `group` weighting (three clones ran of four spawned)."""
-    objectives = [{"task": "Calculate the value of 1+1.", "max_tokens": 16}] * 4
+def spawning_policy(objectives: list[dict]) -> tuple[str, Callable[[str], str]]:
+    """A root that spawns `objectives` in one call and answers 6 once its clones (who answer 2) return."""
     spawn = "<tool_call>\n" + json.dumps({"name": "spawn_clone", "arguments": {"objectives": objectives}})
     spawn += "\n</tool_call>"
 
@@ -160,6 +159,15 @@ def test_group_weighting_counts_only_the_clones_that_ran(tiny_tokenizer) -> None
         if CLONE_SYSTEM_PROMPT in prompt:
             return "Answer: 2"
         return "Answer: 6" if "<tool_response>" in prompt.rsplit("<|im_start|>user", 1)[-1] else spawn
+
+    return spawn, policy
+
+
+def test_group_weighting_counts_only_the_clones_that_ran(tiny_tokenizer) -> None:
+    """A clone refused for lack of budget never generated: it gets no training row and does not
+    divide its episode's clone advantages under `group` weighting (three clones ran of four spawned)."""
+    objectives = [{"task": "Calculate the value of 1+1.", "max_tokens": 16}] * 4
+    spawn, policy = spawning_policy(objectives)
 
     # After the spawn turn, 7 tokens above the root's 16-token reserve: four equal shares would be
     # below `min_clone_tokens` (2), so the last clone is refused and the other three share the 7.
@@ -217,13 +225,7 @@ def test_a_clone_whose_task_spells_out_a_held_out_sum_gets_no_row(tiny_tokenizer
         {"task": "Calculate the value of 1+1.", "max_tokens": 16},
         {"task": "Calculate the value of 2+2."},
     ]
-    spawn = "<tool_call>\n" + json.dumps({"name": "spawn_clone", "arguments": {"objectives": objectives}})
-    spawn += "\n</tool_call>"
-
-    def policy(prompt: str) -> str:
-        if CLONE_SYSTEM_PROMPT in prompt:
-            return "Answer: 2"
-        return "Answer: 6" if "<tool_response>" in prompt.rsplit("<|im_start|>user", 1)[-1] else spawn
+    _, policy = spawning_policy(objectives)
 
     config = SelfcestConfig(
         runtime=RuntimeConfig(episode_token_budget=512, root_max_tokens=400),
