@@ -38,7 +38,7 @@ _STARTED = time.perf_counter()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/evaluate.py` works too
 
-from selfcest.param_checks import check_keys  # noqa: E402
+from selfcest.param_checks import check_keys, is_int_setting  # noqa: E402
 from selfcest.sweep_config import check_method_names, check_sweep_keys, per_dataset, settings_for  # noqa: E402
 from stages.common import PARAMS_FILE, SUPPORT_FILES, file_sha256, load_params, setup_logging, write_json  # noqa: E402
 
@@ -71,7 +71,7 @@ def max_problems_for(
         if splits is not None:
             check_keys(f"{setting}.{dataset}", value, (*(splits.get(dataset) or []), "default"))
         value = value.get(split, value.get("default"))
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    if value is not None and (not is_int_setting(value) or value < 1):
         raise ValueError(
             f"{setting} for {dataset}/{split} must be a positive whole number or null, got {value!r}"
         )

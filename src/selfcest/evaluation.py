@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from selfcest.data.qa import record_documents
 from selfcest.engine import EngineStats, GenerationEngine, SamplingConfig, keyed_seed
-from selfcest.param_checks import check_keys
+from selfcest.param_checks import check_keys, int_setting
 from selfcest.prompts import ANSWER_MARKER, THINKING_SYSTEM_PROMPT, qa_monolithic_question
 from selfcest.protocol import strip_tool_calls
 from selfcest.runtime import Episode, Runtime, RuntimeConfig, Task
@@ -51,12 +51,12 @@ from selfcest.scoring import (
     parse_last_integer,
 )
 from selfcest.stats import bootstrap_ci
+from selfcest.sweep_config import DATASETS
 from selfcest.tasks import qa_task, score_final_answer
 
 log = logging.getLogger(__name__)
 
 Dataset = Literal["arithmetic", "qa", "math"]
-DATASETS: tuple[str, ...] = ("arithmetic", "qa", "math")
 Mode = Literal["monolithic", "delegate", "rag"]
 
 
@@ -191,11 +191,7 @@ class MethodSpec:
             if self.samples != 1:
                 raise ValueError(f"method {self.name}: mode rag answers once (samples 1), got {self.samples}")
             for setting in ("top_k", "max_hops"):
-                value = getattr(self, setting)
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ValueError(
-                        f"method {self.name}: {setting} must be a whole number >= 1, got {value!r}"
-                    )
+                int_setting(getattr(self, setting), f"method {self.name}: {setting}", minimum=1)
         if self.mode == "rag" and self.datasets is None:
             self.datasets = ["qa"]
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from selfcest.param_checks import check_keys
+from selfcest.param_checks import check_keys, is_int_setting
 
 DATASETS = ("arithmetic", "qa", "math")
 """The benchmark families a per-dataset setting may name (`stages/evaluate.py --dataset`)."""
@@ -89,7 +89,7 @@ def settings_for(eval_params: Mapping[str, Any], dataset: str) -> Settings:
     reference = per_dataset(report.get("reference_budget"), dataset, setting="eval.report.reference_budget")
     if reference is None:
         reference = budgets[len(budgets) // 2] if budgets else 0
-    elif isinstance(reference, bool) or not isinstance(reference, int):
+    elif not is_int_setting(reference):
         # int() would read 128.9 as 128 and "128" as 128 unnoticed, as _budgets refuses for the budgets
         raise ValueError(
             f"eval.report.reference_budget for {dataset} must be a whole number of generated tokens, "
