@@ -606,3 +606,70 @@ def test_test_split_has_the_tiers_operator_mix_when_rare_shapes_run_out() -> Non
     assert len(splits["test"]) == 300
     assert one_operator_share("train") > 0.02  # the tier does have them
     assert abs(one_operator_share("test") - one_operator_share("train")) < 0.04
+
+
+@pytest.mark.parametrize(
+    ("count", "fraction", "message"),
+    [
+        # round(0.1 * 5) == round(0.5) == 0: Python rounds halves to even
+        (5, 0.1, r"count 5 at arithmetic\.test_fraction 0\.1 gives 0 test .*at least 6"),
+        (3, 0.1, r"count 3 at arithmetic\.test_fraction 0\.1 gives 0 test .*at least 6"),
+        (1, 0.6, r"count 1 at arithmetic\.test_fraction 0\.6 gives 1 test and 0 train .*at least 2"),
+    ],
+)
+def test_a_tier_too_small_for_both_splits_is_refused(count: int, fraction: float, message: str) -> None:
+    """A 5-problem tier at test_fraction 0.1 got round(0.5) == 0 test problems: the test split had
+    none of that tier, and nothing said so."""
+    params = _small_params()
+    params["test_fraction"] = fraction
+    params["profiles"]["tiny"]["tiers"]["hard"]["count"] = count
+    with pytest.raises(ValueError, match=r"^arithmetic\.profiles\.tiny\.tiers\.hard: " + message):
+        build_arithmetic_splits(params)
+
+
+def test_tier_split_sizes_that_give_both_splits_are_unchanged() -> None:
+    params = _small_params()
+    params["profiles"]["tiny"]["tiers"]["hard"]["count"] = 6  # round(0.6) == 1: the smallest that works
+    card = arithmetic_card(build_arithmetic_splits(params))["splits"]
+    assert card["test"]["tiers"]["hard"] == 1 and card["train"]["tiers"]["hard"] == 5
+    params["profiles"]["tiny"]["tiers"]["hard"]["count"] = 25  # round(2.5) == 2, as the committed data
+    card = arithmetic_card(build_arithmetic_splits(params))["splits"]
+    assert card["test"]["tiers"]["hard"] == 2
+    # test_fraction 0 asks for no test split: tiers of any size are fine
+    params["test_fraction"] = 0.0
+    params["profiles"]["tiny"]["tiers"]["hard"]["count"] = 1
+    splits = build_arithmetic_splits(params)
+    assert splits["test"] == [] and len(splits["train"]) == 120 + 60 + 1
+
+
+@pytest.mark.parametrize(
+    ("medium", "hard", "shown"),
+    [
+        ([4, 6], [6, 7], r"medium \(num_operators \[4, 6\]\) and .*tiers\.hard \(num_operators \[6, 7\]\)"),
+        ([4, 5], [1, 9], r"easy \(num_operators \[1, 3\]\) and .*tiers\.hard \(num_operators \[1, 9\]\)"),
+    ],
+)
+def test_tiers_with_overlapping_operator_ranges_are_refused(
+    medium: list[int], hard: list[int], shown: str
+) -> None:
+    """Expressions are unique across tiers, so a tier skipped what an earlier tier with an overlapping
+    operator range drew: raising one tier's count changed another tier's problems."""
+    params = _small_params()
+    tiers = params["profiles"]["tiny"]["tiers"]
+    tiers["medium"]["num_operators"] = medium
+    tiers["hard"]["num_operators"] = hard
+    with pytest.raises(ValueError, match=r"^arithmetic\.profiles\.tiny\.tiers\." + shown + " overlap"):
+        build_arithmetic_splits(params)
+
+
+def test_a_tiers_problems_do_not_depend_on_another_tiers_count() -> None:
+    params = _small_params()
+    changed = deepcopy(params)
+    changed["profiles"]["tiny"]["tiers"]["easy"]["count"] = 400
+
+    def tier_problems(splits: dict[str, list[dict[str, Any]]], tier: str) -> set[str]:
+        return {r["expr"] for name in ("train", "test") for r in splits[name] if r["tier"] == tier}
+
+    before, after = build_arithmetic_splits(params), build_arithmetic_splits(changed)
+    for tier in ("medium", "hard"):
+        assert tier_problems(before, tier) == tier_problems(after, tier)

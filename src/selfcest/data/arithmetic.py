@@ -205,7 +205,8 @@ class ArithmeticConfig:
             Inclusive range of operand lengths in digits, drawn uniformly per operand. Operands are
             positive with a non-zero leading digit.
         num_operators (`tuple[int, int]`, defaults to `(3, 10)`):
-            Inclusive range of the number of binary operators, drawn uniformly per expression.
+            Inclusive range of the number of binary operators, drawn uniformly per expression. The
+            tiers of one profile must have disjoint ranges (`build_arithmetic_splits`).
         max_result_digits (`int`, defaults to `16`):
             Expressions whose |value| has more digits are discarded and resampled.
         paren_local_prob (`float`, defaults to `0.55`):
@@ -354,7 +355,9 @@ def generate_expression(config: ArithmeticConfig, rng: random.Random) -> tuple[s
 
 def _derive_seed(seed: int, label: str) -> int:
     # Each tier gets its own stream, so adding a tier or changing one count leaves the others'
-    # problems unchanged. sha256 (unlike hash()) does not depend on PYTHONHASHSEED.
+    # problems unchanged (the tiers' operator ranges are disjoint, `_check_tiers_disjoint`, so no
+    # tier's draws are skipped as repeats of another's). sha256 (unlike hash()) does not depend on
+    # PYTHONHASHSEED.
     digest = hashlib.sha256(f"{seed}/{label}".encode()).digest()
     return int.from_bytes(digest[:8], "big")
 
@@ -398,6 +401,59 @@ def _sample_unique(
     return out
 
 
+def _test_count(count: int, test_fraction: float) -> int:
+    """Test problems of a tier of `count`. Python's round() rounds halves to even (round(0.5) == 0,
+    round(2.5) == 2); it stays, because the committed splits were cut with it."""
+    return round(test_fraction * count)
+
+
+def _check_tier_split_sizes(
+    tiers: Mapping[str, tuple[ArithmeticConfig, int]], test_fraction: float, where: str
+) -> None:
+    """Refuse a tier that `test_fraction` would leave with no test or no train problem.
+
+    With round-half-to-even, 5 problems at 0.1 gave round(0.5) == 0 test problems: the test split
+    silently had none of that tier. Every setting that gives each tier both splits is unchanged.
+    """
+    if test_fraction <= 0:  # test_fraction 0 asks for no test split: nothing to check
+        return
+    for tier, (_, count) in tiers.items():
+        n_test = _test_count(count, test_fraction)
+        if 0 < n_test < count:
+            continue
+        missing = "test" if n_test == 0 else "train"
+        # The smallest count that gives the tier both splits (finite: 0 < test_fraction < 1).
+        enough = next(c for c in range(count, 2**31) if 0 < _test_count(c, test_fraction) < c)
+        change = "raise arithmetic.test_fraction" if missing == "test" else "lower arithmetic.test_fraction"
+        raise ValueError(
+            f"{where}.tiers.{tier}: count {count} at arithmetic.test_fraction {test_fraction} gives "
+            f"{n_test} test and {count - n_test} train problems, so the {missing} split would have "
+            f"no problem of this tier; raise the count to at least {enough} or {change}"
+        )
+
+
+def _check_tiers_disjoint(tiers: Mapping[str, tuple[ArithmeticConfig, int]], where: str) -> None:
+    """Refuse two tiers whose `num_operators` ranges overlap.
+
+    Expressions are unique across tiers: a tier skips every expression an earlier tier drew. When
+    two tiers can draw expressions with the same operator count, one tier's count (and the order
+    the tiers are listed in) would change the other's problems. An expression's operator count is
+    fixed by its text, so tiers with disjoint ranges can never draw the same expression.
+    """
+    names = list(tiers)
+    for i, first in enumerate(names):
+        lo1, hi1 = tiers[first][0].num_operators
+        for second in names[i + 1 :]:
+            lo2, hi2 = tiers[second][0].num_operators
+            if lo1 <= hi2 and lo2 <= hi1:
+                raise ValueError(
+                    f"{where}.tiers.{first} (num_operators [{lo1}, {hi1}]) and "
+                    f"{where}.tiers.{second} (num_operators [{lo2}, {hi2}]) overlap: a later tier "
+                    "skips the expressions an earlier one drew, so one tier's count would change "
+                    "the other's problems; give the tiers disjoint num_operators ranges"
+                )
+
+
 DEFAULT_PROFILE = "tiny"
 """The arithmetic profile used when params name none."""
 
@@ -418,9 +474,12 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
     `{num_operators: [lo, hi], count: n}`, optionally more ArithmeticConfig overrides), `ood`
     (the same shape, or null for no OOD split) and optionally `rl` (the same shape: problems for
     GRPO only, longer than every tier). The tier problems are split per tier into test
-    (`round(test_fraction * count)`) and train; `rl` must use more operators than any tier, and
-    `ood` strictly more than any tier and than `rl`, so that ood is longer than anything trained
-    on. Expressions are unique across all splits, so test and ood never leak into train or rl.
+    (`round(test_fraction * count)`, Python's half-to-even rounding) and train; with
+    `test_fraction > 0` every tier must get at least one problem of each, or a ValueError says
+    which count to raise. Tiers' `num_operators` ranges must be disjoint; `rl` must use more
+    operators than any tier, and `ood` strictly more than any tier and than `rl`, so that ood is
+    longer than anything trained on. Expressions are unique across all splits, so test and ood
+    never leak into train or rl.
     `rl` is drawn last, from its own seeded stream: adding it leaves the other splits' bytes as
     they were.
     """
@@ -447,6 +506,9 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
     }
     if not tiers:
         raise ValueError("the arithmetic profile defines no tiers")
+    # Checked before any drawing: a bad setting fails at once, and a good one draws as before.
+    _check_tiers_disjoint(tiers, where)
+    _check_tier_split_sizes(tiers, test_fraction, where)
     ood_spec = profile.get("ood")
     ood = tier_config(ood_spec, f"{where}.ood") if ood_spec else None
     rl_spec = profile.get("rl")
@@ -475,7 +537,7 @@ def build_arithmetic_splits(params: Mapping[str, Any]) -> dict[str, list[dict[st
         problems = _sample_unique(
             cfg, count, random.Random(_derive_seed(seed, f"tier/{tier}")), seen, f"{where}.tiers.{tier}"
         )
-        n_test = round(test_fraction * count)
+        n_test = _test_count(count, test_fraction)
         # The draws are not i.i.d. once repeats are rejected: a tier's rare shapes (the tiny
         # profile's 162 one-operator problems) come up early and run out, so the first n_test draws
         # held 27% one-operator problems against 3% in the rest. A seeded shuffle before the cut
