@@ -12,9 +12,11 @@ Outputs (paths relative to the working directory):
   reports/qa_validation.json counts per source and split, invalid fractions, expectations (DVC metrics)
   reports/qa_validation.md   the same for humans (GX Data Docs need a CDN, so we write our own)
 
-When a source group or split has more invalid records than `validation.max_invalid_fraction`, the
-quarantine and the reports are written (no split is), then the stage stops with QAValidationError
-naming the file, the count and the first offending record, so that every reason is kept.
+When a source group or split has more invalid records than `validation.max_invalid_fraction`, or a
+split keeps no record at all (every one kept out by design or invalid within the limit), the
+quarantine and the reports are written (no split is, and the old ones are removed), then the stage
+stops with QAValidationError naming the file, the count and the first offending record (for an empty
+split: the split and how many of its records went where), so that every reason is kept.
 
 Relative source paths are resolved against the working directory (the repo root under DVC), so
 the default `../shared/data/benchmarks/...` points at the read-only sample files. `s3://` URLs go
@@ -160,7 +162,7 @@ SYNTHETIC_SOURCE = "synthetic"
 
 @dataclass
 class Prepared:
-    """What the stage writes, and the stop messages of the groups over the invalid limit."""
+    """What the stage writes, and the stop messages: groups over the invalid limit, empty splits."""
 
     splits: dict[str, list[QARecord]] = field(default_factory=dict)
     quarantined: list[Quarantined] = field(default_factory=list)
@@ -168,9 +170,10 @@ class Prepared:
     problems: list[str] = field(default_factory=list)
 
     def check(self, quarantine: Path | None = None) -> None:
-        """Raise QAValidationError when a source group or split had too many invalid records: the
-        first one's message (file, count, first offending record), the others after it, and where
-        the quarantine with every record's reasons was written."""
+        """Raise QAValidationError when a source group or split had too many invalid records, or a
+        split kept none: the first one's message (file, count, first offending record; or the empty
+        split and why), the others after it, and where the quarantine with every record's reasons
+        was written."""
         if not self.problems:
             return
         message = "\n".join(self.problems)
@@ -205,20 +208,24 @@ def check_answer_in_context_sources(params: Mapping[str, Any]) -> None:
 
 def build(params: dict[str, Any]) -> tuple[dict[str, list[QARecord]], list[Quarantined], dict[str, Any]]:
     """Everything but the writing: (kept splits, quarantined, metrics). Raises QAValidationError when
-    too many records are invalid (`prepare` then `Prepared.check`; `main` writes in between)."""
+    too many records are invalid or a split keeps none (`prepare` then `Prepared.check`; `main`
+    writes in between)."""
     prepared = prepare(params)
     prepared.check()
     return prepared.splits, prepared.quarantined, prepared.metrics
 
 
 def prepare(params: dict[str, Any]) -> Prepared:
-    """Everything but the writing and the stop on too many invalid records (`Prepared.problems`)."""
+    """Everything but the writing and the stop on too many invalid records or an empty split
+    (`Prepared.problems`)."""
     qa = params["qa"]
     # Checked before any generating or reading: a bad setting fails at once, naming itself. `limits`
     # is then the checked settings over their defaults, the same that `validate_records` applies.
     limits = check_limits(params.get("validation") or {})
     splits: dict[str, list[QARecord]] = {}
-    problems: list[str] = []  # too_many_invalid's messages: raised after the quarantine is written
+    problems: list[str] = []  # the stop messages: raised after the quarantine is written
+    stopped: set[str] = set()  # splits over the invalid limit: their message says why one is empty
+    origins: dict[str, str] = {}  # split -> the file(s) or synthetic name it came from, for messages
     quarantined: list[Quarantined] = []
     metrics: dict[str, Any] = {"sources": {}, "splits": {}, "expectations": {}}
     where: dict[int, tuple[str, int]] = {}  # id(kept record) -> (file, index): for the overlap check
@@ -249,7 +256,9 @@ def prepare(params: dict[str, Any]) -> Prepared:
                 records, limits, origin=f"synthetic/{name}", source=SYNTHETIC_SOURCE, enforce=False
             )
             problems += [result.problem] if result.problem else []
+            stopped |= {name} if result.problem else set()
             splits[name] = result.kept
+            origins[name] = f"synthetic/{name}"
             where.update({id(r): (f"synthetic/{name}", index) for index, r in enumerate(records)})
             source_key[(name, f"synthetic/{name}")] = f"synthetic/{name}"
             quarantined += result.quarantined
@@ -325,7 +334,9 @@ def prepare(params: dict[str, Any]) -> Prepared:
                 enforce=False,  # as for the synthetic splits: `Prepared.check` raises after writing
             )
             problems += [result.problem] if result.problem else []
+            stopped |= {split_name} if result.problem else set()
             splits[split_name] = result.kept
+            origins[split_name] = ", ".join(per_file)
             where.update({id(r): (f, i) for r, f, i in zip(records, files, indices, strict=True)})
             for q in result.quarantined:  # the expectations' quarantines carry the record's own split
                 q.split = split_name
@@ -389,6 +400,15 @@ def prepare(params: dict[str, Any]) -> Prepared:
             # the accuracy a method must beat to show it follows the chain.
             "type_guess_accuracy": type_guess_accuracy(records),
         }
+    # A split left with no records (all kept out by design, or invalid within the limit) cannot be
+    # written (datasets does not load an empty split back). It stopped the stage before anything was
+    # written, leaving the old splits looking current and no quarantine saying why: now it stops as a
+    # split over the invalid limit does, after the quarantine and reports, with the old splits gone.
+    problems += [
+        empty_split_problem(name, origins[name], [q for q in quarantined if q.split == name])
+        for name, records in splits.items()
+        if not records and name not in stopped
+    ]
     total_kept = sum(len(v) for v in splits.values())
     invalid = sum(1 for q in quarantined if q.invalid)
     judged = total_kept + invalid  # records kept out by design are not judged
@@ -402,6 +422,19 @@ def prepare(params: dict[str, Any]) -> Prepared:
         max_invalid_fraction=float(limits["max_invalid_fraction"]),
     )
     return Prepared(splits, quarantined, metrics, problems)
+
+
+def empty_split_problem(name: str, origin: str, quarantined: list[Quarantined]) -> str:
+    """The stop message of a split that kept no record though no invalid limit was exceeded: its
+    files, and how many of its records went where (by design or invalid)."""
+    stages = Counter(q.stage for q in quarantined)
+    invalid = sum(1 for q in quarantined if q.invalid)
+    return (
+        f"{origin}: QA split {name!r} has no records left: all {len(quarantined)} of its records were "
+        f"kept out ({stages[UNANSWERABLE]} unanswerable, {stages[OVERLAPS_TRAIN]} overlapping a training "
+        f"split, {invalid} invalid within validation.max_invalid_fraction), and a split with no records "
+        "cannot be written"
+    )
 
 
 def _guess(value: float | None) -> str:
@@ -481,11 +514,6 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     prepared = prepare(load_params(args.params))
     splits, quarantined, metrics = prepared.splits, prepared.quarantined, prepared.metrics
-    empty = [name for name, records in splits.items() if not records]
-    if empty and not prepared.problems:  # before the old outputs are removed: datasets cannot
-        # store an empty split. With problems, the QAValidationError below explains an empty split.
-        raise ValueError(f"QA splits with no records left after validation: {', '.join(empty)}")
-
     # Start from an empty directory so a split dropped from the params leaves no stale files (and a
     # stopped run leaves no old split beside its new quarantine).
     if args.out.exists():

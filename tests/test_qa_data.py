@@ -142,6 +142,31 @@ def test_unknown_supporting_title_and_idx_are_quarantined(tmp_path: Path) -> Non
     assert "question_decomposition[1].paragraph_support_idx" in res.quarantined[0].reasons[0]
 
 
+def test_a_supporting_title_differing_only_in_case_maps_to_its_context_title(tmp_path: Path) -> None:
+    """A 2Wiki supporting fact whose title matches a context title only up to case was quarantined as
+    "unknown supporting title". With one such context title it resolves to that paragraph and the
+    record adapts exactly as with the context's own spelling; with two titles that differ only in
+    case (and neither exact) it stays quarantined, as ambiguous. (No record of the shared samples
+    has such a fact: each of their 30 facts names its title exactly.)"""
+    wiki = json.loads(WIKI.read_text(encoding="utf-8"))
+    original = load_2wiki(str(_write(tmp_path / "orig.json", wiki[4:5]))).records[0]
+    cased = copy.deepcopy(wiki[4])
+    title = cased["supporting_facts"][0][0]  # "God's Gift to Women"
+    cased["supporting_facts"][0][0] = title.upper()
+    ambiguous = copy.deepcopy(wiki[4])
+    ambiguous["context"].append([title.upper(), ["A distractor titled like the supporting paragraph."]])
+    ambiguous["supporting_facts"][0][0] = title.lower()
+    res = load_2wiki(str(_write(tmp_path / "w.json", [cased, ambiguous])))
+
+    assert res.records == [original]
+    assert {p["title"] for p in res.records[0]["paragraphs"] if p["supporting"]} >= {title}
+    assert [q.index for q in res.quarantined] == [1]
+    assert res.quarantined[0].reasons == [
+        f"field 'supporting_facts[0]': supporting title {title.lower()!r} matches several context "
+        f"titles up to case ({title!r}, {title.upper()!r}) and none exactly: ambiguous"
+    ]
+
+
 def test_unanswerable_musique_is_quarantined_as_unanswerable_not_invalid(tmp_path: Path) -> None:
     """MuSiQue-Full's contrast questions are sound records kept out by design: quarantined with
     their own stage and reason, which does not count as invalid. A broken record that is also

@@ -377,6 +377,51 @@ def test_a_stopped_stage_writes_the_quarantine_and_reports_first(tmp_path: Path)
     assert f"every quarantined record, with its reasons, is in {out / 'quarantine.jsonl'}" in message
 
 
+def test_a_split_left_empty_stops_after_writing_the_quarantine_and_reports(tmp_path: Path) -> None:
+    """A split whose records are all kept out by design (here three real MuSiQue records marked
+    `answerable: false`), with no invalid limit exceeded, stopped the stage with a bare ValueError
+    before anything was written: the old splits stayed looking current and no quarantine or report
+    said why. Now it stops as a split over the invalid limit does: the quarantine and the reports
+    are written, no split is (the old ones are gone), and the error names the split and why."""
+    sys.path.insert(0, str(ROOT))
+    from stages import prepare_qa
+
+    mus = json.loads(MUSIQUE.read_text(encoding="utf-8"))[:3]
+    for record in mus:
+        record["answerable"] = False
+    mus_path = tmp_path / "mus.json"
+    mus_path.write_text(json.dumps(mus), encoding="utf-8")
+    sources = [
+        {"name": "wiki_dev", "format": "2wiki", "path": str(WIKI_KAG)},  # a sound split beside it
+        {"name": "mus_dev", "format": "musique", "path": str(mus_path)},
+    ]
+    params = _real_only(tmp_path, sources)
+    params["validation"] = {"max_invalid_fraction": 0.0}
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params), encoding="utf-8")
+    out, reports = tmp_path / "data" / "qa", tmp_path / "reports"
+    out.mkdir(parents=True)
+    (out / "mus_dev.jsonl").write_text("{}\n")  # a previous run's split
+    with pytest.raises(QAValidationError) as err:
+        prepare_qa.main(["--params", str(params_file), "--out", str(out), "--reports", str(reports)])
+    assert str(err.value) == (
+        f"{mus_path}: QA split 'mus_dev' has no records left: all 3 of its records were kept out "
+        "(3 unanswerable, 0 overlapping a training split, 0 invalid within "
+        "validation.max_invalid_fraction), and a split with no records cannot be written\n"
+        f"every quarantined record, with its reasons, is in {out / 'quarantine.jsonl'}"
+    )
+
+    assert sorted(p.name for p in out.iterdir()) == ["quarantine.jsonl"]
+    quarantine = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert [(q["index"], q["record_id"], q["stage"], q["split"]) for q in quarantine] == [
+        (i, mus[i]["id"], "unanswerable", "mus_dev") for i in range(3)
+    ]
+    metrics = json.loads((reports / "qa_validation.json").read_text(encoding="utf-8"))
+    assert metrics["splits"]["mus_dev"]["kept"] == 0 and metrics["splits"]["mus_dev"]["unanswerable"] == 3
+    assert metrics["splits"]["wiki_dev"]["kept"] == 2
+    assert mus[0]["id"] in (reports / "qa_validation.md").read_text(encoding="utf-8")
+
+
 def test_quarantine_names_each_records_position_in_its_file(tmp_path: Path) -> None:
     """A record the adapter quarantines must not shift the file positions that later quarantine
     entries report (record #3 failing an expectation was reported as #2)."""

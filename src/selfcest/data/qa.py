@@ -413,10 +413,7 @@ def adapt_2wiki(rec: Mapping[str, Any], *, split: str = "dev", source: str = "2w
         ):
             raise _RecordError(f"supporting_facts[{i}]", "expected [title, sentence_index]")
         title, sentence = fact
-        if title not in titles:
-            raise _RecordError(
-                f"supporting_facts[{i}]", f"unknown supporting title {title!r} (not in context)"
-            )
+        title = supporting_title(title, titles, f"supporting_facts[{i}]")  # the context's own spelling
         holding = [p for p, t in enumerate(titles) if t == title and 0 <= sentence < sentence_counts[p]]
         if not holding:
             raise _RecordError(
@@ -465,6 +462,28 @@ def adapt_2wiki(rec: Mapping[str, Any], *, split: str = "dev", source: str = "2w
         "num_hops": len(hops) if hops else len(supporting),
         "type": qtype,
     }
+
+
+def supporting_title(title: str, titles: Sequence[str], field_name: str) -> str:
+    """The context title that a supporting fact's `title` names (raises _RecordError).
+
+    An exact match is taken as it is. Otherwise the one context title equal to it up to case, as
+    written in the context: 2Wiki changes the case of titles (see `titles_matching` for evidences),
+    and quarantining such a record as "unknown title" would drop a sound one. Two context titles
+    that differ only in case (`Foo`, `FOO`) make a case-insensitive match ambiguous: that record is
+    quarantined rather than pinned to a guessed paragraph."""
+    if title in titles:
+        return title
+    folded = list(dict.fromkeys(t for t in titles if t.lower() == title.lower()))  # distinct, in order
+    if len(folded) == 1:
+        return folded[0]
+    if folded:
+        raise _RecordError(
+            field_name,
+            f"supporting title {title!r} matches several context titles up to case "
+            f"({', '.join(map(repr, folded))}) and none exactly: ambiguous",
+        )
+    raise _RecordError(field_name, f"unknown supporting title {title!r} (not in context)")
 
 
 def titles_matching(subject: str, titles: list[str]) -> list[int]:
