@@ -416,3 +416,33 @@ def test_teacher_settings_that_would_never_end_a_root_are_refused(setting: dict,
     """`chunk_sizes: [1]` hung the warm-up's data building: chunks of one term never shorten a sum."""
     with pytest.raises(ValueError, match=message):
         TeacherConfig(**setting)
+
+
+@pytest.mark.parametrize("long_fraction", [0.0, 0.5, 1.0])
+def test_halves_long_fraction_sets_how_often_long_sums_are_halved(long_fraction: float) -> None:
+    """Below 1 a long sum's root solves alone that share of the time: the warm-up then teaches both
+    strategies at every length and leaves the choice to RL; 1 (the default) always halves."""
+    config = TeacherConfig(
+        arithmetic_delegation="halves", halves_long_fraction=long_fraction, halves_needless_fraction=0.0
+    )
+    terms = [3, -4, 5, 1, -2, 6, 7, -8]  # longer than halves_leaf_terms (5)
+    kinds = Counter(
+        conversation["kind"]
+        for seed in range(200)
+        for conversation in arithmetic_conversations(format_terms(terms), random.Random(seed), config)
+        if conversation["kind"].startswith("arith_root")
+    )
+    assert kinds["arith_root_delegate"] + kinds["arith_root_direct"] == 200
+    if long_fraction in (0.0, 1.0):
+        assert kinds["arith_root_delegate"] == 200 * long_fraction
+    else:
+        assert 70 <= kinds["arith_root_delegate"] <= 130  # seeded: 200 draws at 0.5
+
+
+@pytest.mark.parametrize(
+    "name", ["halves_long_fraction", "halves_needless_fraction", "qa_extra_keys_fraction"]
+)
+@pytest.mark.parametrize("value", [-0.1, 1.5])
+def test_teacher_shares_outside_zero_to_one_are_refused_by_name(name: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"warmup\.teacher\.{name}: expected a share in \[0, 1\]"):
+        TeacherConfig(**{name: value})

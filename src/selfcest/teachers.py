@@ -69,6 +69,11 @@ class TeacherConfig:
     halves_needless_fraction: float = 0.2
     """`halves`: share of agents with at most `halves_leaf_terms` terms that delegate anyway (a
     choice for RL to weigh: more tokens, shorter steps)."""
+    halves_long_fraction: float = 1.0
+    """`halves`: share of agents with more than `halves_leaf_terms` terms that delegate; the rest
+    solve their sum alone. Below 1 the warm-up teaches both strategies for long sums too, so that
+    *when* to delegate is left to RL, as in the paper, whose starting model has no delegation policy
+    (with both fractions equal the teacher's choice does not depend on the sum's length at all)."""
     halves_max_depth: int = 3
     """`halves`: depth below which an agent holds the tool (the runtime's `expression_max_depth`)."""
     qa_extra_keys_fraction: float = 0.2
@@ -93,6 +98,19 @@ class TeacherConfig:
             raise ValueError(
                 f"warmup.teacher.chunk_sizes: every size must be >= 2, got {list(self.chunk_sizes)}"
             )
+        fractions = (
+            "direct_root_fraction",
+            "thinking_fraction",
+            "qa_thinking_fraction",
+            "halves_needless_fraction",
+            "halves_long_fraction",
+            "qa_extra_keys_fraction",
+            "qa_failed_clone_fraction",
+        )
+        for name in fractions:
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"warmup.teacher.{name}: expected a share in [0, 1], got {value}")
         if self.max_root_combine < 1:
             raise ValueError(f"warmup.teacher.max_root_combine: expected >= 1, got {self.max_root_combine}")
 
@@ -258,7 +276,13 @@ def _halves_turns(
     delegate = (
         depth < config.halves_max_depth
         and len(terms) > 1
-        and (len(terms) > config.halves_leaf_terms or rng.random() < config.halves_needless_fraction)
+        and (
+            # A long sum draws only when its fraction is below 1, so that the default (always halve)
+            # consumes the stream as before and keeps the warm-up data's bytes.
+            (config.halves_long_fraction >= 1.0 or rng.random() < config.halves_long_fraction)
+            if len(terms) > config.halves_leaf_terms
+            else rng.random() < config.halves_needless_fraction
+        )
     )
     if not delegate:
         return [{"role": "assistant", "content": solve_text(terms)}]
