@@ -268,6 +268,17 @@ def test_each_claim_fails_on_its_own_counterexample() -> None:
         for r in rows
     ]
     assert claim_beats_prompted(never_right, "selfcest", "prompted", 200).status == NOT_CHECKED  # 0% vs 0%
+    # Only the reference budget is judged; the others are listed beside it. Here selfcest ties
+    # prompted at 200 but is far ahead at 100 and 400: still a full tie, and the detail says so.
+    ahead_elsewhere = [
+        dict(r, accuracy=0.95) if r["method"] == "selfcest" and r["budget"] != 200 else r
+        for r in prompted_at_200(0.70, 170)
+    ]
+    elsewhere = claim_beats_prompted(ahead_elsewhere, "selfcest", "prompted", 200)
+    assert elsewhere.status == FAILS
+    assert "Other budgets (not judged): budget 100: 95.0% with" in elsewhere.detail
+    listed = elsewhere.detail.split("Other budgets (not judged): ")[1]
+    assert "budget 400: 95.0% with" in listed and "budget 200" not in listed
     # (d): selfcest reaches base's best accuracy only with a longer critical path.
     slow = [
         dict(r, critical_tokens=r["critical_tokens"] + 400) if r["method"] == "selfcest" else r for r in rows

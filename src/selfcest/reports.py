@@ -532,7 +532,8 @@ def claim_beats_prompted(
 ) -> Claim:
     """(c) At the reference budget, selfcest has higher accuracy than prompted (the same checkpoint
     before RL with the same tool), or equal accuracy with at least `min_token_saving` fewer mean
-    generated tokens per problem (a smaller mean saving is most problems spending the same). Not checked
+    generated tokens per problem (a smaller mean saving is most problems spending the same). The
+    detail also lists the two at every other budget both have, without judging them. Not checked
     when neither is ever right there: fewer tokens for no correct answer is no win (measured: a
     seed whose warm-up never learned QA delegation had both at 0%, selfcest with fewer tokens)."""
     statement = f"{selfcest} beats {prompted} (higher accuracy, or equal accuracy for fewer tokens)"
@@ -567,6 +568,15 @@ def claim_beats_prompted(
     if tie and 0 < saving < min_token_saving - EPS:
         detail += (
             f"; equal accuracy, {saving:.2f} fewer tokens per problem is under the {min_token_saving:g} asked"
+        )
+    others = sorted(set(ours) & set(theirs) - {reference_budget})
+    if others:
+        # The verdict is the reference budget's (chosen before the run, not after it); the other
+        # budgets are listed so that a reader sees whether it is typical of the sweep or not.
+        detail += ". Other budgets (not judged): " + "; ".join(
+            f"budget {o}: {_pct(ours[o]['accuracy'])} with {ours[o]['gen_tokens']:.1f} vs "
+            f"{_pct(theirs[o]['accuracy'])} with {theirs[o]['gen_tokens']:.1f}"
+            for o in others
         )
     noisy = better and evidence is not None and not evidence.significant
     caveat = EQUAL_ACCURACY if tie_cheaper else (WITHIN_NOISE if noisy else "")
