@@ -429,6 +429,11 @@ def _pct(value: float) -> str:
     return "-" if math.isnan(value) else f"{100 * value:.1f}%"
 
 
+def _accuracy_with_tokens(row: Mapping[str, Any]) -> str:
+    """A row's accuracy and mean generated tokens, as claim (c) prints them: `26.5% with 137.2`."""
+    return f"{_pct(row['accuracy'])} with {row['gen_tokens']:.1f}"
+
+
 def claim_beats_base(
     rows: Sequence[Mapping[str, Any]],
     selfcest: str,
@@ -562,8 +567,8 @@ def claim_beats_prompted(
         outcomes, (selfcest, reference_budget), (prompted, reference_budget), resamples
     )
     detail = (
-        f"at budget {reference_budget}: {_pct(a['accuracy'])} with {a['gen_tokens']:.1f} generated tokens vs "
-        f"{_pct(b['accuracy'])} with {b['gen_tokens']:.1f}{evidence.text if evidence else ''}"
+        f"at budget {reference_budget}: {_accuracy_with_tokens(a)} generated tokens vs "
+        f"{_accuracy_with_tokens(b)}{evidence.text if evidence else ''}"
     )
     if tie and 0 < saving < min_token_saving - EPS:
         detail += (
@@ -574,8 +579,7 @@ def claim_beats_prompted(
         # The verdict is the reference budget's (chosen before the run, not after it); the other
         # budgets are listed so that a reader sees whether it is typical of the sweep or not.
         detail += ". Other budgets (not judged): " + "; ".join(
-            f"budget {o}: {_pct(ours[o]['accuracy'])} with {ours[o]['gen_tokens']:.1f} vs "
-            f"{_pct(theirs[o]['accuracy'])} with {theirs[o]['gen_tokens']:.1f}"
+            f"budget {o}: {_accuracy_with_tokens(ours[o])} vs {_accuracy_with_tokens(theirs[o])}"
             for o in others
         )
     noisy = better and evidence is not None and not evidence.significant
