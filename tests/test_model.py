@@ -309,8 +309,14 @@ def test_checkpoint_hashes_cover_sharded_weights_and_the_tokenizer_files(
     config = copy / "config.json"
     config.write_text(config.read_text(encoding="utf-8").replace('"rope_theta"', '"rope_theta_"'), "utf-8")
     assert checkpoint_sha256s(copy)["weights"] == single["weights"] and checkpoint_sha256s(copy) != changed
-    # files the tokenizer also reads: swapped end and padding tokens, a tool-use template
-    for extra in ("special_tokens_map.json", "additional_chat_templates/tool_use.jinja"):
+    # files the tokenizer also reads: swapped end and padding tokens, a tool-use template, a Qwen
+    # checkpoint's BPE vocabulary and merges (another tokenizer with the same weights)
+    for extra in (
+        "special_tokens_map.json",
+        "additional_chat_templates/tool_use.jinja",
+        "vocab.json",
+        "merges.txt",
+    ):
         before = checkpoint_sha256s(copy)
         (copy / extra).parent.mkdir(exist_ok=True)
         (copy / extra).write_text('{"eos_token": "<|endoftext|>"}', encoding="utf-8")

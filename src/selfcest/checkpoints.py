@@ -20,13 +20,19 @@ CHECKPOINT_NAME = re.compile(r"checkpoint-\d+")
 # Files beside the weights that change what a checkpoint does with the same weights: the tokenizer's,
 # and the model's configuration (`rope_theta`, say) and generation defaults (its end-of-turn ids).
 # `special_tokens_map.json` can swap the end and padding tokens; a template under
-# `additional_chat_templates/` is the one a call with tools renders.
+# `additional_chat_templates/` is the one a call with tools renders. A Qwen checkpoint also ships its
+# byte-level BPE as `vocab.json` + `merges.txt` (what a slow tokenizer, or a checkpoint without
+# `tokenizer.json`, is built from), and a SentencePiece model `tokenizer.model`; the default
+# profile's tokenizer writes none of them, and a missing file is left out of the hashes.
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "chat_template.jinja",
     "special_tokens_map.json",
     "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
 )
 TOKENIZER_DIRS = ("additional_chat_templates",)
 CONFIG_FILES = ("config.json", "generation_config.json")
