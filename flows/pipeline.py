@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import networkx as nx
+from dvc.exceptions import NotDvcRepoError
 from dvc.repo import Repo
 from dvc.stage import PipelineStage
 from prefect import flow, get_run_logger, task
@@ -113,6 +114,17 @@ def pipeline(repo_dir: str = str(REPO_ROOT), stages: list[str] | None = None) ->
     return outputs
 
 
+def _check_stages(parser: argparse.ArgumentParser, repo_dir: Path, stages: list[str] | None) -> None:
+    """Exit with a usage error (status 2) when `repo_dir` is not a DVC repository's root or `stages`
+    names no stage or stage group of its dvc.yaml."""
+    try:
+        stage_order(repo_dir, stages)
+    except ValueError as exc:  # names the repo and the stage groups itself
+        parser.error(str(exc))
+    except NotDvcRepoError as exc:  # DVC's message does not say which folder it searched from
+        parser.error(f"--repo {repo_dir}: {exc}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -137,6 +149,9 @@ def main() -> None:
         given = [f"--{flag}" for flag in ("cron", "interval", "name") if getattr(args, flag) is not None]
         if given:  # else the whole pipeline would start now instead of on a schedule
             parser.error(f"{', '.join(given)}: for --serve only (without it the pipeline runs once, now)")
+        # A mistyped stage or repo is a usage error, checked before the flow starts: inside it, it
+        # started Prefect's temporary server, recorded a failed flow run and printed two tracebacks.
+        _check_stages(parser, Path(args.repo), args.stages)
         pipeline(repo_dir=args.repo, stages=args.stages)
         return
     if args.interval is not None and args.interval <= 0:
@@ -161,7 +176,7 @@ def main() -> None:
             "PREFECT_API_URL, e.g. http://127.0.0.1:4200/api (see README)"
         )
     repo_dir = Path(args.repo).resolve()  # stored in the deployment: relative to nothing at run time
-    stage_order(repo_dir, args.stages)  # a wrong repo or stage stops here, not at the first run
+    _check_stages(parser, repo_dir, args.stages)  # a wrong repo or stage stops here, not at the first run
     pipeline.serve(
         name=args.name or "selfcest-nightly",
         parameters={"repo_dir": str(repo_dir), "stages": args.stages},

@@ -107,6 +107,42 @@ def test_a_bad_cron_is_a_usage_error(dvc_repo: Path, monkeypatch: pytest.MonkeyP
     assert "--cron 'bogus'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("serve", [False, True])
+def test_a_mistyped_stage_or_repo_is_a_usage_error_before_any_flow_runs(
+    dvc_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, serve: bool
+) -> None:
+    """`--stages buildmodel` used to start Prefect's temporary server, record a failed flow run and
+    print two tracebacks; now it stops with status 2 and the stage groups, as `--cron bogus` does."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import flows.pipeline as module
+
+    monkeypatch.setattr(module, "pipeline", _never_run)
+    flags = ["--serve", "--interval", "60"] if serve else []
+    for repo, stages, expected in (
+        (dvc_repo, ["buildmodel"], "has no stage or stage group ['buildmodel']"),
+        (tmp_path / "nowhere", ["build_model"], f"--repo {tmp_path / 'nowhere'}: "),
+    ):
+        repo.mkdir(exist_ok=True)
+        monkeypatch.setattr(sys, "argv", ["pipeline.py", *flags, "--repo", str(repo), "--stages", *stages])
+        api = {PREFECT_API_URL: "http://127.0.0.1:4200/api"}
+        with temporary_settings(updates=api), pytest.raises(SystemExit) as exited:
+            module.main()
+        assert exited.value.code == 2
+        assert expected in capsys.readouterr().err
+
+
+class _NeverRun:
+    def __call__(self, **kwargs: Any) -> None:
+        pytest.fail("the flow ran")
+
+    def serve(self, **kwargs: Any) -> None:
+        pytest.fail("the flow was served")
+
+
+_never_run = _NeverRun()
+
+
 def test_serving_needs_a_prefect_server_and_runs_one_flow_run_at_a_time(
     dvc_repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
