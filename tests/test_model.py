@@ -177,6 +177,8 @@ def test_cli_solve_prints_answer_tokens_and_tree(tiny_checkpoint: Path, capsys) 
     assert out.startswith("answer: ")
     assert "generated=" in out and "critical_path=" in out and "budget=40" in out
     assert "root [" in out
+    # the root's budget is the episode's; each of its turns is capped apart
+    assert "budget=40 turn_max_tokens=20" in out
     assert (
         cli_main(["solve", "--model", str(tiny_checkpoint), "--json", "--no-tools", "--budget", "8", "hi"])
         == 0
@@ -203,6 +205,15 @@ def test_cli_solve_names_a_bad_model_path_or_documents_file(
     missing = tmp_path / "selfcest_modelx"
     assert cli_main(["solve", "--model", str(missing), "hi"]) == 2
     assert f"--model {missing}: no such checkpoint directory" in capsys.readouterr().err
+    not_a_checkpoint = tmp_path / "models"
+    not_a_checkpoint.mkdir()
+    (not_a_checkpoint / "README.md").write_text("checkpoints go here\n", encoding="utf-8")
+    assert cli_main(["solve", "--model", str(not_a_checkpoint), "hi"]) == 2
+    error = capsys.readouterr().err
+    assert (
+        f"--model {not_a_checkpoint}: not a checkpoint directory (no config.json or tokenizer_config.json)"
+        in error
+    )
     cases = {
         "broken.json": ('{"a": "x",', "Expecting"),
         "numbers.json": ('{"a": 1}', "the paragraph of key 'a' is not text"),

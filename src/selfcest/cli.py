@@ -18,15 +18,21 @@ if TYPE_CHECKING:  # `solve` imports torch; `compare` should start without it
     from selfcest.runtime import AgentRecord, Episode
 
 
-def _tree_lines(episode: Episode) -> list[str]:
+def _tree_lines(episode: Episode, root_turn_tokens: int | None = None) -> list[str]:
+    """One line per agent, indented by depth. `root_turn_tokens`: the cap on each root turn
+    (`RuntimeConfig.root_max_tokens`), shown beside the root's budget, which is the whole episode's:
+    a root truncated at its turn cap otherwise read as if cut at the episode budget."""
     lines: list[str] = []
 
     def visit(agent: AgentRecord, indent: int) -> None:
         pad = "  " * indent
         task = agent.task.replace("\n", " ")
+        limits = f"max_tokens={agent.max_tokens}"
+        if agent.role == "root" and root_turn_tokens is not None:
+            limits = f"budget={agent.max_tokens} turn_max_tokens={root_turn_tokens}"
         lines.append(
             f"{pad}{agent.agent_id} [{agent.status}] gen={agent.generated_tokens} prompt={agent.prompt_tokens} "
-            f"max_tokens={agent.max_tokens} answer={agent.answer!r}"
+            f"{limits} answer={agent.answer!r}"
         )
         if agent.role == "clone":
             lines.append(f"{pad}  task: {task[:120]}")
@@ -56,6 +62,18 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if not Path(args.model).is_dir():  # else transformers reports a failed hub download for a typo
         print(
             f"error: --model {args.model}: no such checkpoint directory (a local path only)", file=sys.stderr
+        )
+        return 2
+    # A folder without a model's configuration or tokenizer (`models/`, a run folder above its
+    # checkpoints) failed deep in transformers, asking for sentencepiece or tiktoken.
+    lacking = [
+        name for name in ("config.json", "tokenizer_config.json") if not (Path(args.model) / name).is_file()
+    ]
+    if lacking:
+        print(
+            f"error: --model {args.model}: not a checkpoint directory (no {' or '.join(lacking)}); "
+            "the pipeline writes them under artifacts/ (`make repro`)",
+            file=sys.stderr,
         )
         return 2
     documents: dict[str, str] = {}
@@ -111,7 +129,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         f"seconds={episode.wall_seconds:.2f}"
     )
     print("tree:")
-    for line in _tree_lines(episode):
+    for line in _tree_lines(episode, root_turn_tokens=config.root_max_tokens):
         print("  " + line)
     if args.verbose:
         for agent in episode.agents:
