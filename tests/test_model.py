@@ -211,7 +211,7 @@ def test_cli_solve_names_a_bad_model_path_or_documents_file(
     assert cli_main(["solve", "--model", str(not_a_checkpoint), "hi"]) == 2
     error = capsys.readouterr().err
     assert (
-        f"--model {not_a_checkpoint}: not a checkpoint directory (no config.json or tokenizer_config.json)"
+        f"--model {not_a_checkpoint}: not a checkpoint directory (no config.json; no tokenizer file: "
         in error
     )
     cases = {

@@ -66,12 +66,14 @@ def cmd_solve(args: argparse.Namespace) -> int:
         return 2
     # A folder without a model's configuration or tokenizer (`models/`, a run folder above its
     # checkpoints) failed deep in transformers, asking for sentencepiece or tiktoken.
-    lacking = [
-        name for name in ("config.json", "tokenizer_config.json") if not (Path(args.model) / name).is_file()
-    ]
+    # Any one tokenizer file will do: checkpoints ship different sets of them.
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+    lacking = [] if (Path(args.model) / "config.json").is_file() else ["config.json"]
+    if not any((Path(args.model) / name).is_file() for name in tokenizer_files):
+        lacking.append("tokenizer file: " + ", ".join(tokenizer_files))
     if lacking:
         print(
-            f"error: --model {args.model}: not a checkpoint directory (no {' or '.join(lacking)}); "
+            f"error: --model {args.model}: not a checkpoint directory (no {'; no '.join(lacking)}); "
             "the pipeline writes them under artifacts/ (`make repro`)",
             file=sys.stderr,
         )
