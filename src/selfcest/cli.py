@@ -59,7 +59,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from selfcest.tasks import qa_task
     from selfcest.tokenizer import load_tokenizer
 
-    if not Path(args.model).is_dir():  # else transformers reports a failed hub download for a typo
+    model_dir = Path(args.model)
+    if not model_dir.is_dir():  # else transformers reports a failed hub download for a typo
         print(
             f"error: --model {args.model}: no such checkpoint directory (a local path only)", file=sys.stderr
         )
@@ -68,8 +69,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     # checkpoints) failed deep in transformers, asking for sentencepiece or tiktoken.
     # Any one tokenizer file will do: checkpoints ship different sets of them.
     tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-    lacking = [] if (Path(args.model) / "config.json").is_file() else ["config.json"]
-    if not any((Path(args.model) / name).is_file() for name in tokenizer_files):
+    lacking = [] if (model_dir / "config.json").is_file() else ["config.json"]
+    if not any((model_dir / name).is_file() for name in tokenizer_files):
         lacking.append("tokenizer file: " + ", ".join(tokenizer_files))
     if lacking:
         print(
