@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: torch setup setup-dev repro test lint flow
+.PHONY: torch setup setup-dev repro smoke test lint flow
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,18 @@ setup-dev: torch
 repro: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
+# The whole pipeline at toy size (profiles/smoke.yaml) in a throwaway copy of the working tree, in a few
+# minutes: checks that every stage runs, not results; artifacts/, reports/ and dvc.lock stay as they are.
+# SMOKE_DIR: where the copy goes (default: a new temporary folder).
+SMOKE_DIR ?=
+
+smoke: setup
+	$(BIN)/python scripts/smoke.py $(SMOKE_DIR)
+
 flow: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python flows/pipeline.py
 
 test: setup-dev
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ruff check src stages flows tests benchmarks
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ruff format --check src stages flows tests benchmarks
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ruff check src stages flows tests benchmarks scripts
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ruff format --check src stages flows tests benchmarks scripts
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest

@@ -1,0 +1,130 @@
+"""The whole pipeline at toy size (`profiles/smoke.yaml`) in a throwaway copy of this working tree.
+
+    python scripts/smoke.py [WORKDIR]        # or: make smoke
+
+It copies the files git knows of (tracked, and untracked ones that are not ignored, so a change
+can be smoke-tested before it is committed) to WORKDIR/selfcest, links WORKDIR/shared to this
+checkout's `../shared` or `--shared` (`dvc.yaml` names the benchmark files by that relative path), commits the
+copy in a git repository of its own, and runs `dvc exp run` there with the smoke overlay's `-S`
+overrides: the user's way of running a profile. The real run's artifacts/, reports/ and dvc.lock
+are never touched. Afterwards `dvc status` in the copy must be clean; the copy is kept for
+inspection (its reports/ and `dvc params diff`).
+
+Why a copy and not `dvc exp run --temp`: DVC runs a temporary experiment in `.dvc/tmp/exps/...`,
+where `../shared` does not resolve. This script is outside `src/` because the library knows
+nothing of DVC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILE = "profiles/smoke.yaml"
+
+
+class SmokeError(RuntimeError):
+    """A step of the smoke run failed; the message names the step and the copy it ran in."""
+
+
+def _run(args: list[str], cwd: Path, env: dict[str, str], capture: bool = False) -> str:
+    completed = subprocess.run(args, cwd=cwd, env=env, text=True, capture_output=capture)
+    if completed.returncode != 0:
+        detail = f"\n{completed.stdout}\n{completed.stderr}" if capture else ""
+        raise SmokeError(f"`{' '.join(args)}` failed in {cwd} (exit status {completed.returncode}){detail}")
+    return completed.stdout if capture else ""
+
+
+def copy_working_tree(source: Path, target: Path) -> int:
+    """Copy every file git knows of (tracked or untracked-not-ignored, deleted ones left out) from
+    `source` to `target`. Returns how many."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=source,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    copied = 0
+    for name in sorted({n for n in listed.split("\0") if n}):
+        path = source / name
+        if not path.is_file():  # deleted in the working tree, or a submodule
+            continue
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target / name)
+        copied += 1
+    return copied
+
+
+def smoke(workdir: Path, shared: Path = REPO.parent / "shared", python: str = sys.executable) -> Path:
+    """Run the smoke profile in `workdir/selfcest`, with `workdir/shared` linked to `shared`;
+    return the copy's path."""
+    shared = shared.resolve()
+    if not (shared / "data" / "benchmarks").is_dir():
+        raise SmokeError(
+            f"{shared / 'data' / 'benchmarks'} is missing: dvc.yaml reads the benchmarks from there"
+        )
+    copy = workdir / "selfcest"
+    if copy.exists():
+        raise SmokeError(f"{copy} already exists: give an empty or new WORKDIR")
+    copy.mkdir(parents=True)
+    link = workdir / "shared"
+    if not link.exists():
+        link.symlink_to(shared, target_is_directory=True)
+    elif link.resolve() != shared:
+        raise SmokeError(f"{link} exists and is not {shared}: give an empty or new WORKDIR")
+    print(f"smoke: copied {copy_working_tree(REPO, copy)} files to {copy}", flush=True)
+
+    # The copy's own library, not the editable install's working tree; its interpreter first on
+    # PATH, since the stages run `python -m stages...`.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(copy / "src"),
+        "PATH": str(Path(python).parent) + os.pathsep + os.environ.get("PATH", ""),
+        "DVC_NO_ANALYTICS": "1",
+        # DVC's per-repository site cache of a throwaway repository belongs with it.
+        "DVC_SITE_CACHE_DIR": str(workdir / "dvc-site-cache"),
+    }
+    git = ["git", "-c", "user.email=smoke@selfcest", "-c", "user.name=smoke"]
+    _run(["git", "init", "-q"], copy, env)
+    _run([*git, "add", "-A"], copy, env)
+    _run([*git, "commit", "-q", "-m", "smoke: the working tree"], copy, env)
+    overrides = _run(
+        [python, "-m", "selfcest.cli", "profile", PROFILE, "--print0"], copy, env, capture=True
+    ).split("\0")
+    started = time.monotonic()
+    _run([python, "-m", "dvc", "exp", "run", *[o for o in overrides if o]], copy, env)
+    status = _run([python, "-m", "dvc", "status"], copy, env, capture=True)
+    if "up to date" not in status:
+        raise SmokeError(f"`dvc status` in {copy} is not clean after the run:\n{status}")
+    print(f"smoke: the pipeline ran in {time.monotonic() - started:.0f} s; reports in {copy / 'reports'}")
+    return copy
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("workdir", nargs="?", help="where to put the copy (default: a new temporary folder)")
+    parser.add_argument(
+        "--shared",
+        type=Path,
+        default=REPO.parent / "shared",
+        help="the folder holding data/benchmarks (default: ../shared beside this checkout)",
+    )
+    args = parser.parse_args(argv)
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="selfcest-smoke-"))
+    try:
+        smoke(workdir.resolve(), args.shared)
+    except SmokeError as exc:
+        print(f"smoke: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The whole pipeline end to end: `scripts/smoke.py` runs the real dvc.yaml with the smoke profile
+(`profiles/smoke.yaml`) as `dvc exp run -S` overrides in a throwaway copy of this checkout.
+
+The stage tests each run one stage on hand-made inputs; this is the one test in which every stage
+reads what the stages before it wrote (data -> tokenizer and model -> warm-up -> GRPO -> 16 sweep
+cells -> reports), as `dvc repro` runs them."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.benchmark_paths import BENCHMARKS
+from tests.dvc_clone import isolated_dvc
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_smoke_profile_runs_every_stage_through_dvc_in_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolated_dvc(tmp_path, monkeypatch)
+    untouched = {name: _sha256(REPO / name) for name in ("dvc.lock", "params.yaml", "reports/sweep.csv")}
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "smoke.py"),
+            str(tmp_path / "work"),
+            "--shared",
+            str(BENCHMARKS.parent.parent),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
+    assert "smoke: the pipeline ran in" in completed.stdout
+    copy = tmp_path / "work" / "selfcest"
+
+    # The checkout itself is left alone.
+    assert {name: _sha256(REPO / name) for name in untouched} == untouched
+
+    # DVC applied the profile: `dvc params diff` in the copy shows its values against the commit.
+    diff = subprocess.run(
+        [sys.executable, "-m", "dvc", "params", "diff", "--json"],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    changed = json.loads(diff.stdout)["params.yaml"]
+    assert (changed["warmup.max_steps"]["old"], changed["warmup.max_steps"]["new"]) == (12000, 30)
+    assert (changed["grpo.training.max_steps"]["old"], changed["grpo.training.max_steps"]["new"]) == (24, 2)
+
+    # Every method of every checkpoint on every split at every budget of the profile: one row each.
+    params = OmegaConf.load(copy / "params.yaml")
+    methods = {name: spec for models in params.eval.models.values() for name, spec in models.items()}
+    expected = {
+        (dataset, split, method, budget)
+        for dataset in ("arithmetic", "qa")
+        for split in params.eval.splits[dataset]
+        for method, spec in methods.items()
+        if dataset == "qa" or spec.mode != "rag"
+        for budget in params.eval.budgets[dataset]
+    }
+    with (copy / "reports" / "sweep.csv").open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    cells = [(row["dataset"], row["split"], row["method"], int(row["budget"])) for row in rows]
+    assert len(cells) == len(set(cells))
+    assert set(cells) == expected
+    assert {int(row["n"]) for row in rows} == {4}
+
+    metrics = json.loads((copy / "reports" / "metrics.json").read_text(encoding="utf-8"))
+    benchmarks = {f"{dataset}/{split}" for dataset, split, _, _ in expected}
+    assert set(metrics["benchmarks"]) == benchmarks
+    for bench in benchmarks:
+        assert set(metrics["benchmarks"][bench]["methods"]) == {
+            m for d, s, m, _ in expected if f"{d}/{s}" == bench
+        }
+    pngs = sorted((copy / "reports" / "pareto").glob("*.png"))
+    assert pngs and all(p.read_bytes().startswith(PNG_MAGIC) for p in pngs)
+    summary = (copy / "reports" / "summary.md").read_text(encoding="utf-8")
+    assert all(f"## `{bench}` (4 problems)" in summary for bench in benchmarks)
+    assert "<html" in (copy / "reports" / "traces.html").read_text(encoding="utf-8").lower()
+
+    status = subprocess.run(
+        [sys.executable, "-m", "dvc", "status"], cwd=copy, capture_output=True, text=True, check=True
+    )
+    assert "up to date" in status.stdout
