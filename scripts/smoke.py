@@ -45,12 +45,16 @@ def _run(args: list[str], cwd: Path, env: dict[str, str], capture: bool = False)
 def copy_working_tree(source: Path, target: Path) -> int:
     """Copy every file git knows of (tracked or untracked-not-ignored, deleted ones left out) from
     `source` to `target`. Returns how many."""
-    listed = subprocess.run(
+    listing = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=source,
         capture_output=True,
-        check=True,
-    ).stdout.decode()
+    )
+    if listing.returncode != 0:
+        raise SmokeError(
+            f"{source} is not a git checkout (`git ls-files`: {listing.stderr.decode().strip()})"
+        )
+    listed = listing.stdout.decode()
     copied = 0
     for name in sorted({n for n in listed.split("\0") if n}):
         path = source / name
@@ -70,15 +74,14 @@ def smoke(workdir: Path, shared: Path = REPO.parent / "shared", python: str = sy
         raise SmokeError(
             f"{shared / 'data' / 'benchmarks'} is missing: dvc.yaml reads the benchmarks from there"
         )
-    copy = workdir / "selfcest"
+    copy, link = workdir / "selfcest", workdir / "shared"
     if copy.exists():
         raise SmokeError(f"{copy} already exists: give an empty or new WORKDIR")
+    if link.exists() and link.resolve() != shared:
+        raise SmokeError(f"{link} exists and is not {shared}: give an empty or new WORKDIR")
     copy.mkdir(parents=True)
-    link = workdir / "shared"
     if not link.exists():
         link.symlink_to(shared, target_is_directory=True)
-    elif link.resolve() != shared:
-        raise SmokeError(f"{link} exists and is not {shared}: give an empty or new WORKDIR")
     print(f"smoke: copied {copy_working_tree(REPO, copy)} files to {copy}", flush=True)
 
     # The copy's own library, not the editable install's working tree; its interpreter first on

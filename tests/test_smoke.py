@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from scripts.smoke import SmokeError, copy_working_tree, smoke
 from tests.benchmark_paths import BENCHMARKS
 from tests.dvc_clone import isolated_dvc
 
@@ -100,3 +101,43 @@ def test_the_smoke_profile_runs_every_stage_through_dvc_in_a_copy(
         [sys.executable, "-m", "dvc", "status"], cwd=copy, capture_output=True, text=True, check=True
     )
     assert "up to date" in status.stdout
+
+
+def test_the_smoke_script_names_what_it_cannot_run_with(tmp_path: Path) -> None:
+    """Before anything runs: a missing benchmarks folder, a WORKDIR already used, a source folder
+    that is not a git checkout, each refused by name."""
+    with pytest.raises(SmokeError, match=r"data/benchmarks is missing"):
+        smoke(tmp_path / "work", shared=tmp_path / "no-shared")
+    shared = BENCHMARKS.parent.parent
+    (tmp_path / "used" / "selfcest").mkdir(parents=True)
+    with pytest.raises(SmokeError, match=r"already exists"):
+        smoke(tmp_path / "used", shared=shared)
+    (tmp_path / "linked" / "shared").mkdir(parents=True)
+    with pytest.raises(SmokeError, match=r"shared exists and is not"):
+        smoke(tmp_path / "linked", shared=shared)
+    assert not (tmp_path / "linked" / "selfcest").exists()
+    with pytest.raises(SmokeError, match=r"is not a git checkout"):
+        copy_working_tree(tmp_path / "used", tmp_path / "copy")
+
+
+def test_the_copy_holds_tracked_and_untracked_files_but_not_ignored_or_deleted_ones(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    git = ["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci"]
+    subprocess.run(["git", "init", "-q"], cwd=source, check=True)
+    (source / ".gitignore").write_text("/artifacts/\n", encoding="utf-8")
+    for name in ("kept.py", "deleted.py", "sub/committed.txt"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_text(name, encoding="utf-8")
+    subprocess.run([*git, "add", "-A"], cwd=source, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], cwd=source, check=True)
+    (source / "deleted.py").unlink()
+    (source / "kept.py").write_text("edited", encoding="utf-8")
+    (source / "new.py").write_text("new", encoding="utf-8")
+    (source / "artifacts").mkdir()
+    (source / "artifacts" / "model.bin").write_text("weights", encoding="utf-8")
+    target = tmp_path / "target"
+    assert copy_working_tree(source, target) == 4
+    copied = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+    assert copied == [".gitignore", "kept.py", "new.py", "sub/committed.txt"]
+    assert (target / "kept.py").read_text(encoding="utf-8") == "edited"
