@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from selfcest.checkpoints import FINGERPRINT_FILE, prepare_run_dir
+from selfcest.checkpoints import FINGERPRINT_FILE, prepare_run_dir, write_model_card
 
 
 def _checkpoint(run: Path, step: int, state: str | None) -> Path:
@@ -52,3 +52,23 @@ def test_only_the_trainers_step_folders_are_resumed(tmp_path: Path) -> None:
     (run / "checkpoint-12").write_text("not a folder", encoding="utf-8")
     assert prepare_run_dir(run, "fp") == str(run / "checkpoint-10")
     assert best.exists() and (run / "checkpoint-12").exists()  # left alone, not the Trainer's
+
+
+def test_the_model_card_is_the_same_for_the_same_training_whatever_it_took(tmp_path: Path) -> None:
+    """The card is hashed with the weights into the checkpoint folder's dvc.lock entry: a rerun that
+    gives the same weights must give the same card, so wall-clock seconds stay out of it."""
+    cards = []
+    for name, seconds in (("fast", 4.1), ("slow", 1404.0)):
+        folder = tmp_path / name
+        folder.mkdir()
+        write_model_card(
+            folder,
+            title="t",
+            params={"max_steps": 30},
+            data_hashes={"arithmetic_train": "8539bc49"},
+            metrics={"final_loss": 2.9, "steps": 30, "stage_seconds": seconds, "train_seconds": seconds / 2},
+        )
+        cards.append((folder / "README.md").read_text(encoding="utf-8"))
+    assert cards[0] == cards[1]
+    assert "- `final_loss`: 2.9" in cards[0] and "- `steps`: 30" in cards[0]
+    assert "seconds" not in cards[0]

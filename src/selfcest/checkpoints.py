@@ -197,7 +197,13 @@ def write_model_card(
     data_hashes: Mapping[str, str],
     metrics: Mapping[str, Any],
 ) -> None:
-    """A README.md beside the weights: what was trained, on what data, with what result."""
+    """A README.md beside the weights: what was trained, on what data, with what result.
+
+    Wall-clock metrics (`*_seconds`) are left out: they differ between runs that give the same
+    weights, and the card is part of the checkpoint folder's hash in dvc.lock, so a timing in it made
+    every rerun a new checkpoint for DVC (and every stage after it stale). The stage's metrics file
+    under reports/ keeps them."""
+    reproducible = {k: v for k, v in metrics.items() if not k.endswith("_seconds")}
     lines = [
         f"# {title}",
         "",
@@ -206,7 +212,7 @@ def write_model_card(
         "",
         "## Final training metrics",
         "",
-        *[f"- `{k}`: {v}" for k, v in sorted(metrics.items())],
+        *[f"- `{k}`: {v}" for k, v in sorted(reproducible.items())],
         "",
         "## Data",
         "",
