@@ -66,9 +66,11 @@ def copy_working_tree(source: Path, target: Path) -> int:
     return copied
 
 
-def smoke(workdir: Path, shared: Path = REPO.parent / "shared", python: str = sys.executable) -> Path:
-    """Run the smoke profile in `workdir/selfcest`, with `workdir/shared` linked to `shared`;
-    return the copy's path."""
+def prepare_copy(
+    workdir: Path, shared: Path = REPO.parent / "shared", python: str = sys.executable
+) -> tuple[Path, dict[str, str]]:
+    """`workdir/selfcest`: this working tree's files, committed in a git repository of its own, with
+    `workdir/shared` linked to `shared`. Returns the copy and the environment its stages run in."""
     shared = shared.resolve()
     if not (shared / "data" / "benchmarks").is_dir():
         raise SmokeError(
@@ -98,6 +100,12 @@ def smoke(workdir: Path, shared: Path = REPO.parent / "shared", python: str = sy
     _run(["git", "init", "-q"], copy, env)
     _run([*git, "add", "-A"], copy, env)
     _run([*git, "commit", "-q", "-m", "smoke: the working tree"], copy, env)
+    return copy, env
+
+
+def smoke(workdir: Path, shared: Path = REPO.parent / "shared", python: str = sys.executable) -> Path:
+    """Run the smoke profile with `dvc exp run` in `prepare_copy`'s copy; return the copy's path."""
+    copy, env = prepare_copy(workdir, shared, python)
     overrides = _run(
         [python, "-m", "selfcest.cli", "profile", PROFILE, "--print0"], copy, env, capture=True
     ).split("\0")

@@ -3,7 +3,8 @@
 
 The stage tests each run one stage on hand-made inputs; this is the one test in which every stage
 reads what the stages before it wrote (data -> tokenizer and model -> warm-up -> GRPO -> 16 sweep
-cells -> reports), as `dvc repro` runs them."""
+cells -> reports), as `dvc repro` runs them, and then runs them all again through the Prefect
+flow, to check that one seed gives the same outputs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from scripts.smoke import SmokeError, copy_working_tree, smoke
+from scripts.smoke import SmokeError, copy_working_tree, prepare_copy, smoke
 from tests.benchmark_paths import BENCHMARKS
 from tests.dvc_clone import isolated_dvc
 
@@ -25,13 +26,30 @@ REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+# sweep.csv's columns that are this machine's wall time; every other one is reproducible from the seed.
+WALL_CLOCK_COLUMNS = {"seconds", "latency_seconds"}
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _locked_outputs(lock: Path) -> dict[str, str]:
+    """Every output's path -> its hash, as dvc.lock records them."""
+    stages = OmegaConf.to_container(OmegaConf.load(lock))["stages"]
+    return {out["path"]: out["md5"] for stage in stages.values() for out in stage.get("outs", [])}
+
+
+def _sweep_without_wall_clock(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        return [
+            {k: v for k, v in row.items() if k not in WALL_CLOCK_COLUMNS} for row in csv.DictReader(handle)
+        ]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_the_smoke_profile_runs_every_stage_through_dvc_in_a_copy(
+def test_the_smoke_profile_runs_every_stage_through_dvc_and_again_through_the_flow_alike(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     isolated_dvc(tmp_path, monkeypatch)
@@ -101,6 +119,30 @@ def test_the_smoke_profile_runs_every_stage_through_dvc_in_a_copy(
         [sys.executable, "-m", "dvc", "status"], cwd=copy, capture_output=True, text=True, check=True
     )
     assert "up to date" in status.stdout
+
+    # The same params run again, in a second copy, by the Prefect flow (every stage a task): one seed
+    # gives the same data, tokenizer and checkpoints to the byte (dvc.lock's hashes, model cards
+    # included) and the same sweep rows but for their wall-clock columns.
+    again, env = prepare_copy(tmp_path / "again", BENCHMARKS.parent.parent)
+    (again / "params.yaml").write_bytes((copy / "params.yaml").read_bytes())
+    flow = subprocess.run(
+        [sys.executable, str(again / "flows" / "pipeline.py"), "--repo", str(again)],
+        cwd=again,
+        env={**env, "PREFECT_HOME": str(tmp_path / "prefect-home")},
+        capture_output=True,
+        text=True,
+    )
+    assert flow.returncode == 0, flow.stdout[-4000:] + flow.stderr[-4000:]
+    first, second = _locked_outputs(copy / "dvc.lock"), _locked_outputs(again / "dvc.lock")
+    assert set(first) == set(second)
+    # The sweep cells' folders hold their rows' wall-clock seconds too, so they are compared as rows.
+    reproducible = ["data/arithmetic", "data/qa", "data/math"] + [
+        f"artifacts/{name}_model" for name in ("init", "warmup", "selfcest", "selfcest_nogate", "noclone")
+    ]
+    assert {p: first[p] for p in reproducible} == {p: second[p] for p in reproducible}
+    assert _sweep_without_wall_clock(copy / "reports" / "sweep.csv") == _sweep_without_wall_clock(
+        again / "reports" / "sweep.csv"
+    )
 
 
 def test_the_smoke_script_names_what_it_cannot_run_with(tmp_path: Path) -> None:
