@@ -28,6 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = "profiles/smoke.yaml"
+SHARED = REPO.parent / "shared"  # dvc.yaml names the benchmarks as ../shared/data/benchmarks
 
 
 class SmokeError(RuntimeError):
@@ -67,7 +68,7 @@ def copy_working_tree(source: Path, target: Path) -> int:
 
 
 def prepare_copy(
-    workdir: Path, shared: Path = REPO.parent / "shared", python: str = sys.executable
+    workdir: Path, shared: Path = SHARED, python: str = sys.executable
 ) -> tuple[Path, dict[str, str]]:
     """`workdir/selfcest`: this working tree's files, committed in a git repository of its own, with
     `workdir/shared` linked to `shared`. Returns the copy and the environment its stages run in."""
@@ -103,7 +104,7 @@ def prepare_copy(
     return copy, env
 
 
-def smoke(workdir: Path, shared: Path = REPO.parent / "shared", python: str = sys.executable) -> Path:
+def smoke(workdir: Path, shared: Path = SHARED, python: str = sys.executable) -> Path:
     """Run the smoke profile with `dvc exp run` in `prepare_copy`'s copy; return the copy's path."""
     copy, env = prepare_copy(workdir, shared, python)
     overrides = _run(
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shared",
         type=Path,
-        default=REPO.parent / "shared",
+        default=SHARED,
         help="the folder holding data/benchmarks (default: ../shared beside this checkout)",
     )
     args = parser.parse_args(argv)

@@ -9,7 +9,6 @@ flow, to check that one seed gives the same outputs."""
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import subprocess
 import sys
@@ -19,8 +18,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from scripts.smoke import SmokeError, copy_working_tree, prepare_copy, smoke
+from selfcest.hashing import file_sha256
 from tests.benchmark_paths import BENCHMARKS
-from tests.dvc_clone import isolated_dvc
+from tests.dvc_clone import dvc, git, isolated_dvc
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -28,10 +28,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 # sweep.csv's columns that are this machine's wall time; every other one is reproducible from the seed.
 WALL_CLOCK_COLUMNS = {"seconds", "latency_seconds"}
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _locked_outputs(lock: Path) -> dict[str, str]:
@@ -53,7 +49,7 @@ def test_the_smoke_profile_runs_every_stage_through_dvc_and_again_through_the_fl
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     isolated_dvc(tmp_path, monkeypatch)
-    untouched = {name: _sha256(REPO / name) for name in ("dvc.lock", "params.yaml", "reports/sweep.csv")}
+    untouched = {name: file_sha256(REPO / name) for name in ("dvc.lock", "params.yaml", "reports/sweep.csv")}
     completed = subprocess.run(
         [
             sys.executable,
@@ -70,7 +66,7 @@ def test_the_smoke_profile_runs_every_stage_through_dvc_and_again_through_the_fl
     copy = tmp_path / "work" / "selfcest"
 
     # The checkout itself is left alone.
-    assert {name: _sha256(REPO / name) for name in untouched} == untouched
+    assert {name: file_sha256(REPO / name) for name in untouched} == untouched
 
     # DVC applied the profile: `dvc params diff` in the copy shows its values against the commit.
     diff = subprocess.run(
@@ -115,10 +111,7 @@ def test_the_smoke_profile_runs_every_stage_through_dvc_and_again_through_the_fl
     assert all(f"## `{bench}` (4 problems)" in summary for bench in benchmarks)
     assert "<html" in (copy / "reports" / "traces.html").read_text(encoding="utf-8").lower()
 
-    status = subprocess.run(
-        [sys.executable, "-m", "dvc", "status"], cwd=copy, capture_output=True, text=True, check=True
-    )
-    assert "up to date" in status.stdout
+    assert "up to date" in dvc(copy, "status")
 
     # The same params run again, in a second copy, by the Prefect flow (every stage a task): one seed
     # gives the same data, tokenizer and checkpoints to the byte (dvc.lock's hashes, model cards
@@ -165,14 +158,13 @@ def test_the_smoke_script_names_what_it_cannot_run_with(tmp_path: Path) -> None:
 def test_the_copy_holds_tracked_and_untracked_files_but_not_ignored_or_deleted_ones(tmp_path: Path) -> None:
     source = tmp_path / "source"
     source.mkdir()
-    git = ["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci"]
-    subprocess.run(["git", "init", "-q"], cwd=source, check=True)
+    git(source, "init", "-q")
     (source / ".gitignore").write_text("/artifacts/\n", encoding="utf-8")
     for name in ("kept.py", "deleted.py", "sub/committed.txt"):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_text(name, encoding="utf-8")
-    subprocess.run([*git, "add", "-A"], cwd=source, check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "x"], cwd=source, check=True)
+    git(source, "add", "-A")
+    git(source, "commit", "-q", "-m", "x")
     (source / "deleted.py").unlink()
     (source / "kept.py").write_text("edited", encoding="utf-8")
     (source / "new.py").write_text("new", encoding="utf-8")
