@@ -243,6 +243,61 @@ def test_long_malformed_calls_are_rejected_not_repaired() -> None:
     assert [o.task for c in parsed.calls for o in c.objectives] == tasks and not parsed.errors
 
 
+def test_a_turns_repairs_share_one_allowance() -> None:
+    """A block that does not parse does not count towards `max_calls`, so a per-call repair limit let
+    one turn repair block after block (four adversarial 4,000-character blocks: 8 s). The turn's
+    malformed JSON is repaired up to MAX_REPAIR_CHARS characters in all; the blocks past that are
+    errors, and a well-formed call after them is still read."""
+    head = '{"name": "spawn_clone", "arguments": {"objectives": ["'
+    body = head + "Say 1." + "-" * (MAX_REPAIR_CHARS // 2)  # unclosed: 2,110 characters to repair
+    text = "".join(f"<tool_call>{body}</tool_call>" for _ in range(3)) + call([{"task": "Add 1 and 2."}])
+    parsed = parse_tool_calls(text, max_calls=4, max_objectives=4)
+    assert parsed.repairs == 1
+    assert [e.kind for e in parsed.errors] == ["repair_limit", "repair_limit"]
+    assert "left of the turn's 4096-character repair allowance" in parsed.errors[0].detail
+    assert [o.task[:6] for c in parsed.calls for o in c.objectives] == ["Say 1.", "Add 1 "]
+    # A new turn has a new allowance.
+    assert parse_tool_calls(f"<tool_call>{body}</tool_call>", max_calls=4, max_objectives=4).repairs == 1
+
+
+def test_a_tool_message_cut_below_its_note_still_ends_in_the_cut_marker(tiny_tokenizer) -> None:
+    """When not even the `left out` note fits, the message is cut mid-line: that cut must not read
+    as a whole answer (`98765432` of `9876543210`)."""
+    outcomes = [CloneOutcome("12"), CloneOutcome("9876543210 is the sum of all those numbers here")]
+    message = format_tool_response(1, outcomes, tiny_tokenizer, line_max_tokens=32, message_max_tokens=20)
+    assert message.startswith("turn1_clone0: 12\n") and message.endswith("...")
+    assert len(tiny_tokenizer.encode(message, add_special_tokens=False)) <= 20
+
+
+def test_many_clones_cost_the_message_limit_not_the_whole_message_per_try(tiny_tokenizer) -> None:
+    """Keeping whole lines under the message limit searched down from every line, re-encoding
+    nearly the whole message per try (300 clones: 2.3 s a tool message); the tries now encode at
+    most about the limit, whatever the clone count, and keep as many lines as fit."""
+    encoded: list[int] = []
+    encode = tiny_tokenizer.encode
+
+    def counting_encode(text: str, **kwargs: object) -> list[int]:
+        ids = encode(text, **kwargs)
+        encoded.append(len(ids))
+        return ids
+
+    outcomes = [CloneOutcome(str(1000 + i)) for i in range(300)]
+    tiny_tokenizer.encode = counting_encode
+    try:
+        message = format_tool_response(1, outcomes, tiny_tokenizer, line_max_tokens=16, message_max_tokens=64)
+    finally:
+        del tiny_tokenizer.encode
+    *kept, note = message.split("\n")
+    assert kept == [f"turn1_clone{i}: {1000 + i}" for i in range(len(kept))]
+    assert note == f"({300 - len(kept)} more clone answers left out: message limit)"
+    with_one_more = "\n".join(
+        [*message.split("\n")[:-1], f"turn1_clone{len(kept)}: {1000 + len(kept)}", note]
+    )
+    assert len(encode(with_one_more, add_special_tokens=False)) > 64  # no further line fits
+    # 300 one-line encodes, one of the whole message, then tries of at most the limit and a line.
+    assert sorted(encoded)[-2] <= 64 + 16
+
+
 def test_a_json_escaped_lone_surrogate_leaves_the_parser_as_a_replacement_character() -> None:
     """`"\\ud800"` is six ASCII characters a model can write, and json reads it as a lone surrogate,
     which no tokenizer encodes and no UTF-8 writer writes: the task that a clone's prompt is built

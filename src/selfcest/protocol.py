@@ -1,7 +1,9 @@
 """The `spawn_clone` protocol: parsing tool calls out of untrusted model text, answers, tool responses.
 
 Everything here treats model output as hostile: parsing never raises and never evaluates code,
-works in time bounded by `MAX_CALL_CHARS`, and records what it could not use as protocol errors.
+works in time bounded per turn (`MAX_SCAN_CHARS` scanned, `MAX_CALL_CHARS` per call read, at most
+`MAX_REPAIR_CHARS` of malformed JSON repaired in all), and records what it could not use as
+protocol errors.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ TOOL_CALL_CLOSE = "</tool_call>"
 MAX_CALL_CHARS = 16_384
 """A tool call longer than this is rejected unparsed."""
 MAX_REPAIR_CHARS = 4_096
-"""Malformed JSON longer than this is rejected, not repaired: json_repair's time grows about with the
-square of the length on adversarial bodies (measured: 0.05 s at 1,000 characters, 0.7 s at 4,000,
-17 s at 16,000; the worst bodies found since, such as runs of `"[{`, take 2.2 s at 4,096), and parsing
-runs between the engine's batches, so one bad turn would stall them all.
+"""One turn's malformed JSON is repaired up to this many characters in all; a body past what is left
+is rejected, not repaired. json_repair's time grows about with the square of the length on
+adversarial bodies (measured: 0.05 s at 1,000 characters, 0.7 s at 4,000, 17 s at 16,000; the worst
+bodies found since, such as runs of `"[{`, take 2.2 s at 4,096), and parsing runs between the
+engine's batches, so one bad turn would stall them all. The allowance is per turn, not per call:
+a turn of many malformed 4,000-character blocks took 2 s a block (8 s for four) before. Since the
+sum of squares is at most the square of the sum, a turn's repairs take at most one full body's time.
 Well-formed calls up to MAX_CALL_CHARS are read by `json.loads`, which is linear."""
 MAX_SCAN_CHARS = 262_144
 """Only this much of a turn is scanned for tool calls."""
@@ -132,6 +137,7 @@ def _parse_into(
     known_context_keys: Iterable[str] | None,
 ) -> None:
     known = set(known_context_keys) if known_context_keys is not None else None
+    allowance = _RepairAllowance()
     bodies = [match.group(1) for match in _CALL_PATTERN.finditer(text)]  # bounded by MAX_SCAN_CHARS
     for read, body in enumerate(bodies):
         if len(result.calls) == max_calls:
@@ -142,7 +148,7 @@ def _parse_into(
             )
             break
         try:  # one malformed call must not cost the turn its other calls
-            call = _parse_call(body.strip(), result.errors)
+            call = _parse_call(body.strip(), result.errors, allowance)
         except Exception as error:  # noqa: BLE001
             result.errors.append(ProtocolError("parser_error", f"{type(error).__name__}: {error}"[:200]))
             continue
@@ -168,16 +174,34 @@ def _parse_into(
 _TOO_LONG_TO_REPAIR = object()
 
 
-def _load_json(text: str, errors: list[ProtocolError]) -> tuple[Any, bool]:
-    """`text` read as JSON, and whether it had to be repaired. Malformed text longer than
-    MAX_REPAIR_CHARS is not repaired: an error is recorded and `_TOO_LONG_TO_REPAIR` returned."""
+@dataclass
+class _RepairAllowance:
+    """What is left of one turn's MAX_REPAIR_CHARS."""
+
+    chars_left: int = MAX_REPAIR_CHARS
+
+
+def _load_json(text: str, errors: list[ProtocolError], allowance: _RepairAllowance) -> tuple[Any, bool]:
+    """`text` read as JSON, and whether it had to be repaired. Malformed text longer than what is
+    left of the turn's repair allowance is not repaired: an error is recorded and
+    `_TOO_LONG_TO_REPAIR` returned."""
     try:
         return json.loads(text), False
     except (ValueError, RecursionError):  # JSONDecodeError, and int() past 4,300 digits
         pass
-    if len(text) > MAX_REPAIR_CHARS:
-        errors.append(ProtocolError("call_too_long", f"{len(text)} characters of malformed JSON"))
+    if len(text) > allowance.chars_left:
+        if len(text) > MAX_REPAIR_CHARS:
+            errors.append(ProtocolError("call_too_long", f"{len(text)} characters of malformed JSON"))
+        else:
+            errors.append(
+                ProtocolError(
+                    "repair_limit",
+                    f"{len(text)} characters of malformed JSON, {allowance.chars_left} left of the turn's "
+                    f"{MAX_REPAIR_CHARS}-character repair allowance",
+                )
+            )
         return _TOO_LONG_TO_REPAIR, False
+    allowance.chars_left -= len(text)
     # json_repair is a maintained repairer for the truncated/unquoted JSON that LLMs emit.
     try:
         return json_repair.loads(text), True
@@ -185,11 +209,11 @@ def _load_json(text: str, errors: list[ProtocolError]) -> tuple[Any, bool]:
         return None, True
 
 
-def _parse_call(body: str, errors: list[ProtocolError]) -> ToolCall | None:
+def _parse_call(body: str, errors: list[ProtocolError], allowance: _RepairAllowance) -> ToolCall | None:
     if len(body) > MAX_CALL_CHARS:
         errors.append(ProtocolError("call_too_long", f"{len(body)} characters"))
         return None
-    payload, repaired = _load_json(body, errors)
+    payload, repaired = _load_json(body, errors, allowance)
     if payload is _TOO_LONG_TO_REPAIR:
         return None
     if not isinstance(payload, dict):
@@ -201,7 +225,7 @@ def _parse_call(body: str, errors: list[ProtocolError]) -> ToolCall | None:
         return None
     arguments = payload.get("arguments", {})
     if isinstance(arguments, str):  # some models double-encode the arguments
-        arguments, arguments_repaired = _load_json(arguments, errors)
+        arguments, arguments_repaired = _load_json(arguments, errors, allowance)
         if arguments is _TOO_LONG_TO_REPAIR:
             return None
         repaired = repaired or arguments_repaired
@@ -327,13 +351,21 @@ def format_tool_response(
     message = "\n".join(lines)
     if _token_count(message, tokenizer) <= message_max_tokens:
         return message
-    for kept in range(len(lines) - 1, -1, -1):  # bounded: one try per line
+    # Upwards from no line kept, stopping at the first that does not fit: each try encodes at most
+    # about `message_max_tokens` tokens, so a 300-clone turn costs what a 3-clone one does (searching
+    # down from all lines re-encoded nearly the whole message per try: 2.3 s at 300 clones).
+    fitting = None
+    for kept in range(len(lines)):  # bounded: one try per line, and each kept line costs a token
         missing = len(lines) - kept
         left_out = f"({missing} more clone answer{'s' if missing > 1 else ''} left out: message limit)"
         candidate = "\n".join([*lines[:kept], left_out])
-        if _token_count(candidate, tokenizer) <= message_max_tokens:
-            return candidate
-    return _truncate_tokens(message, tokenizer, message_max_tokens)  # not even the note fits
+        if _token_count(candidate, tokenizer) > message_max_tokens:
+            break
+        fitting = candidate
+    if fitting is not None:
+        return fitting
+    # Not even the note fits: the message cut with `CUT_MARKER`, so that a cut never reads as whole.
+    return _cut_line(message, tokenizer, message_max_tokens)
 
 
 CUT_MARKER = "..."
