@@ -32,8 +32,15 @@ from selfcest.grpo import (
     make_rollout_func,
 )
 from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question
-from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward, length_penalty
-from selfcest.runtime import AgentRecord, Episode, RuntimeConfig, Task, TurnRecord
+from selfcest.rewards import (
+    GateConfig,
+    RewardConfig,
+    clone_gate,
+    episode_reward,
+    length_penalty,
+    runtime_aborted_agents,
+)
+from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task, TurnRecord
 from selfcest.scripted import ScriptedEngine
 
 
@@ -114,6 +121,49 @@ def test_gates() -> None:
     assert clone_gate(clone("failed", 300, None), -0.4, GateConfig("ratio")) == 1.0  # a stated failure
     assert clone_gate(clone("ok"), 0.0, GateConfig("ratio")) == 0.0  # the release's 0/0 side effect
     assert clone_gate(clone("ok"), 0.0, GateConfig("ratio", credit_clones_of_zero_reward_roots=True)) == 1.0
+    # a clone the runtime stopped (status `failed` too) gave no answer: not a stated failure
+    stopped = clone("failed", 300, None)
+    assert clone_gate(stopped, 0.7, GateConfig("protocol"), aborted=True) == 0.0
+    assert clone_gate(stopped, -0.4, GateConfig("ratio"), aborted=True) == 0.0
+    assert clone_gate(stopped, 0.7, GateConfig("none"), aborted=True) == 1.0
+
+
+def test_a_clone_the_runtime_stopped_at_its_round_limit_gets_no_credit(tiny_tokenizer) -> None:
+    """The round limit (and a template that does not re-render a turn) stops an agent with status
+    `failed`, the status of a clone that wrote `Answer: failed`, which the protocol gate credits; a
+    clone stopped while it waited for its own clone gave no answer and broke off: its row is gated."""
+    spawn_outer = (
+        "<tool_call>\n"
+        + json.dumps({"name": "spawn_clone", "arguments": {"objectives": [{"task": "Outer task."}]}})
+        + "\n</tool_call>"
+    )
+    spawn_inner = spawn_outer.replace("Outer task.", "Inner task.")
+
+    def policy(prompt: str) -> str:
+        if "<tool_response>" in prompt.rsplit("<|im_start|>user", 1)[-1] or "Inner task." in prompt:
+            return "Answer: 2"
+        return spawn_inner if "Outer task." in prompt else spawn_outer
+
+    def rollout(max_rounds: int) -> tuple[Episode, list[float]]:
+        runtime = RuntimeConfig(max_depth=2, max_rounds=max_rounds, episode_token_budget=512)
+        config = SelfcestConfig(
+            runtime=runtime,
+            gate=GateConfig("protocol"),
+            engine_factory=lambda _model, tokenizer: ScriptedEngine(tokenizer, policy),
+        )
+        task = Task("t", arithmetic_question("1+1"), metadata={"kind": "arithmetic", "answer": "2"})
+        [rows] = make_rollout_func({"t": task}, config)(["t"], rollout_trainer(tiny_tokenizer))["clone_rows"]
+        [episode] = Runtime(ScriptedEngine(tiny_tokenizer, policy), runtime).run([task])
+        return episode, [weight for *_, weight in rows]
+
+    episode, settled = rollout(max_rounds=64)
+    assert [a.status for a in episode.agents] == ["ok", "ok", "ok"] and settled == [1.0, 1.0]
+    # The outer clone spawned, then waited for its clone when the rounds ran out.
+    episode, stopped = rollout(max_rounds=2)
+    outer = episode.agents[1]
+    assert (outer.status, outer.failure, len(outer.turns)) == ("failed", "round limit", 1)
+    assert runtime_aborted_agents(episode) == {a.agent_id for a in episode.agents}
+    assert stopped == [0.0]  # the inner clone never generated: no row
 
 
 def test_a_clone_that_ran_on_to_its_token_limit_after_answering_is_gated() -> None:
@@ -189,8 +239,10 @@ def test_group_weighting_counts_only_the_clones_that_ran(tiny_tokenizer) -> None
 
 def test_no_clone_row_trains_on_a_held_out_sum(tiny_tokenizer) -> None:
     """A clone handed a half that is a test problem (here a quarter of a 12-term sum, held out in
-    another spelling) gets no row; its sibling and the clones above it keep theirs, with the weights
-    they would have had, and the step logs how many rows were held out."""
+    another spelling) gets no row; its sibling and the clones above it keep theirs, and the step logs
+    how many rows were held out. Under `group` weighting the rows kept share the episode's one row of
+    weight: the trainer gives each 1/len(kept) of the loss's denominator, so their advantages divide
+    by the same count (they divided by the count before the held-out rows left)."""
     from scripted_policies import halving_policy
 
     terms = [3, -4, 5, 1, -2, 6, 7, -8, 9, 1, 2, -3]  # 12 -> 6 + 6 -> four quarters of 3
@@ -213,11 +265,10 @@ def test_no_clone_row_trains_on_a_held_out_sum(tiny_tokenizer) -> None:
 
     every, weights, count = rows_and_count(frozenset())
     assert sorted(every) == sorted(["3-4+5+1-2+6", "7-8+9+1+2-3", "3-4+5", "1-2+6", "7-8+9", "1+2-3"])
-    assert count == 0
+    assert count == 0 and weights == pytest.approx([1 / 6] * 6)
     kept, kept_weights, count = rows_and_count(frozenset({"1 + 2 - 3", "99+1"}))
     assert sorted(kept) == sorted(h for h in every if h != "1+2-3")
-    assert count == 1
-    assert kept_weights == [w for h, w in zip(every, weights, strict=True) if h != "1+2-3"]
+    assert count == 1 and kept_weights == pytest.approx([1 / 5] * 5)
 
 
 def test_a_clone_whose_task_spells_out_a_held_out_sum_gets_no_row(tiny_tokenizer) -> None:
