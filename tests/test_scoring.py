@@ -188,6 +188,18 @@ def test_last_boxed_is_bounded() -> None:
     assert last_boxed("\\boxed{" + "x" * 50 + "}", max_chars=10) is None
 
 
+def test_an_answer_line_after_a_box_is_the_answer() -> None:
+    """The prompts ask for `Answer:`, not a box: a model that boxes a step and then corrects it was
+    scored on the box (the episode's final answer said 5, its row scored 3). The later one counts;
+    a box in the `Answer:` line, or after it, is still read."""
+    corrected = "We get $x=\\boxed{3}$. Checking again: step 2 was wrong, so x = 5.\nAnswer: 5"
+    assert math_final_answer(corrected) == "5"
+    assert math_equivalent(corrected, "5") and not math_equivalent(corrected, "3")
+    assert math_final_answer("Answer: \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert math_final_answer("Answer: 4\nWait, that was wrong: \\boxed{6}") == "6"
+    assert math_final_answer("\\boxed{3}\nAnswer:") == "3"  # an empty answer line gives the box
+
+
 def test_an_empty_box_after_the_answer_does_not_hide_it() -> None:
     """A model that echoes the instruction "put the answer in \\boxed{}" after answering was scored
     wrong: only the last box was read, and an empty one fell through to the `Answer:` line."""

@@ -168,13 +168,18 @@ def last_non_empty_boxed(text: object, max_chars: int = 20_000) -> str | None:
     echoes "put your answer in \\boxed{}") does not hide it. None when no box has content, or when an
     unbalanced box (a cut generation: its answer is unknown) or one longer than `max_chars` comes
     after the last box with content, as `last_boxed` gives None for such a last box."""
+    return _last_non_empty_box(text, max_chars)[0]
+
+
+def _last_non_empty_box(text: object, max_chars: int = 20_000) -> tuple[str | None, int]:
+    """`last_non_empty_boxed`'s content, and where its `\boxed` starts (-1 when there is none)."""
     if not isinstance(text, str):
-        return None
+        return None, -1
     for match in reversed(list(_BOXED_RE.finditer(text))):
         content = _box_content(text, match.end(), max_chars)
         if content is None or content.strip():
-            return content
-    return None
+            return content, match.start()
+    return None, -1
 
 
 def _box_content(text: str, i: int, max_chars: int) -> str | None:
@@ -247,13 +252,19 @@ def _parse_gold(gold_text: str, timeout: int | None) -> tuple[object, ...]:
 
 
 def math_final_answer(text: object) -> str | None:
-    """The answer a math prediction gives: the content of its last non-empty `\\boxed{}`, else the
-    line after its last `Answer:` without a sentence's closing punctuation or Markdown bold, since the
-    prompts ask for `Answer: <answer>.` and math-verify reads "204." as a string, not as 204."""
-    boxed = last_non_empty_boxed(text)
-    if boxed is not None and boxed.strip():
-        return boxed.strip()
+    """The answer a math prediction gives, whichever of these comes last: the content of its last
+    non-empty `\\boxed{}`, or the line after its last `Answer:` without a sentence's closing
+    punctuation or Markdown bold, since the prompts ask for `Answer: <answer>.` and math-verify reads
+    "204." as a string, not as 204. A box in the `Answer:` line is that box.
+
+    Whichever comes last, because the prompts ask for `Answer:`, not a box: a model that boxes a
+    step and then corrects it ("x = \\boxed{3} ... step 2 was wrong ... Answer: 5") answers 5, as
+    the episode's own final answer says (the box used to win wherever it stood)."""
+    boxed, boxed_at = _last_non_empty_box(text)
     answer = extract_last_answer(text)
+    marker_at = text.rfind(ANSWER_MARKER) if isinstance(text, str) else -1
+    if boxed is not None and boxed.strip() and (answer is None or boxed_at > marker_at):
+        return boxed.strip()
     if answer is None:
         return None
     answer = answer.rstrip(" .;,")  # not "!": 5! is a factorial
@@ -265,8 +276,8 @@ def math_final_answer(text: object) -> str | None:
 def math_equivalent(pred_text: str | None, gold: str | int) -> bool:
     """Whether the prediction's final answer is mathematically equivalent to `gold` (math-verify).
 
-    The answer is `math_final_answer(pred_text)`: the last non-empty `\\boxed{}`, else the text after
-    the last `Answer:`.
+    The answer is `math_final_answer(pred_text)`: the last non-empty `\\boxed{}` or the text after the
+    last `Answer:`, whichever comes last.
     `gold` is the reference answer (LaTeX without `$`, e.g. `\\frac{1}{8}` or "033"). Never raises.
     """
     from math_verify import parse, verify  # deferred: importing sympy takes about a second
