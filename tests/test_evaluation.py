@@ -356,7 +356,7 @@ def test_math_scoring_finds_the_roots_last_box_once(tiny_tokenizer, monkeypatch)
 
     for module, name in (
         (selfcest.scoring, "last_boxed"),
-        (selfcest.scoring, "last_non_empty_boxed"),
+        (selfcest.scoring, "_last_non_empty_box"),  # what `last_non_empty_boxed` reads with
         (selfcest.evaluation, "last_boxed"),
     ):
         monkeypatch.setattr(module, name, counting(getattr(module, name)))
@@ -681,6 +681,9 @@ def test_method_settings_that_a_mode_would_not_read_are_refused() -> None:
         "rag samples": dict(mode="rag", samples=4, temperature=0.7),
         "rag hops": dict(mode="rag", max_hops=0),
         "rag top_k": dict(mode="rag", top_k=0),
+        # these failed only mid-cell, after its other units had run
+        "fractional samples": dict(samples=2.5, temperature=0.7),
+        "rag on arithmetic": dict(mode="rag", datasets=["qa", "arithmetic"]),
     }
     for case, values in refused.items():
         with pytest.raises(ValueError, match=r"method m: "):

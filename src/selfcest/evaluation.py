@@ -173,8 +173,8 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if self.mode not in ("monolithic", "delegate", "rag"):
             raise ValueError(f"method {self.name}: unknown mode {self.mode!r}")
-        if self.samples < 1:
-            raise ValueError(f"method {self.name}: samples must be >= 1")
+        # An integer, or `range(2.5)` would fail in the runtime, after the cell's other units ran.
+        self.samples = int_setting(self.samples, f"method {self.name}: samples", minimum=1)
         if self.samples > 1 and self.temperature <= 0:
             raise ValueError(f"method {self.name}: {self.samples} samples need a temperature > 0")
         # Settings a mode would accept and then not read refuse here, or the method runs as another
@@ -194,6 +194,11 @@ class MethodSpec:
                 int_setting(getattr(self, setting), f"method {self.name}: {setting}", minimum=1)
         if self.mode == "rag" and self.datasets is None:
             self.datasets = ["qa"]
+        if self.mode == "rag" and set(self.datasets or []) - {"qa"}:
+            raise ValueError(
+                f"method {self.name}: mode rag retrieves QA paragraphs, so its datasets can only be "
+                f"[qa], got {self.datasets}"
+            )
 
     @classmethod
     def from_params(
