@@ -91,6 +91,18 @@ def test_expectations_map_failures_to_record_ids(real: list[dict]) -> None:
     assert exp["question_len"]["success"]
 
 
+def test_an_empty_hop_question_or_paragraph_title_is_quarantined(real: list[dict]) -> None:
+    """A hop's question is a clone's task and a title heads a paragraph whose key does not spell it:
+    both passed every expectation when empty."""
+    recs = copy.deepcopy(real[:3])
+    recs[0]["hops"][0]["question"] = " "
+    recs[1]["paragraphs"][0]["title"] = ""
+    result = validate_records(recs, LOOSE, origin="corrupt")
+    assert _reasons(result, recs[0]["id"]) == ["expectation: hop_questions_non_empty"]
+    assert _reasons(result, recs[1]["id"]) == ["expectation: no_empty_titles"]
+    assert [r["id"] for r in result.kept] == [recs[2]["id"]]
+
+
 def test_synthetic_answer_must_be_in_context() -> None:
     rec = generate_synthetic(0, {"train": {"count": 2}})["train"]
     bad = copy.deepcopy(rec)

@@ -216,6 +216,10 @@ def flatten(records: Sequence[QARecord], limits: Mapping[str, Any] | None = None
                 "n_empty_keys": sum(1 for k in keys if not k.strip()),
                 "max_key_len": max((len(k) for k in keys), default=0),
                 "n_empty_paragraphs": sum(1 for p in paras if not p["text"].strip()),
+                # A paragraph's title heads its text for the reader where its key does not spell it
+                # (`data.qa.record_documents`), and a hop's question is a clone's task (the teacher's).
+                "n_empty_titles": sum(1 for p in paras if not p["title"].strip()),
+                "n_empty_hop_questions": sum(1 for h in r["hops"] if not h["question"].strip()),
                 "max_paragraph_chars": max((len(p["text"]) for p in paras), default=0),
                 "context_chars": sum(len(p["text"]) for p in paras),
                 "n_hops": len(hop_keys),
@@ -264,6 +268,7 @@ def build_suite(limits: Mapping[str, Any] | None = None) -> list[tuple[str, Any]
         ("paragraph_keys_non_empty", equal("n_empty_keys", 0)),
         ("paragraph_key_len", between("max_key_len", 1, lim["max_key_chars"])),
         ("no_empty_paragraphs", equal("n_empty_paragraphs", 0)),
+        ("no_empty_titles", equal("n_empty_titles", 0)),
         ("paragraph_chars", between("max_paragraph_chars", 1, lim["max_paragraph_chars"])),
         ("context_chars", between("context_chars", 1, lim["max_context_chars"])),
         ("num_hops_range", between("num_hops", lim["min_num_hops"], lim["max_num_hops"])),
@@ -271,6 +276,7 @@ def build_suite(limits: Mapping[str, Any] | None = None) -> list[tuple[str, Any]
         ("hop_keys_supporting", equal("unsupported_hop_keys", 0)),
         ("num_hops_matches_hops", equal("num_hops_mismatch", False)),
         ("hop_answers_non_empty", equal("n_empty_hop_answers", 0)),
+        ("hop_questions_non_empty", equal("n_empty_hop_questions", 0)),
         ("answer_in_context", equal("answer_in_context", True)),
         ("id_is_str", gxe.ExpectColumnValuesToBeOfType(column="id", type_="str")),
         ("question_is_str", gxe.ExpectColumnValuesToBeOfType(column="question", type_="str")),
