@@ -236,7 +236,7 @@ def main() -> None:
     write_model_card(
         out,
         title=f"selfcest GRPO checkpoint: {args.variant}",
-        params={"grpo": grpo, "variant": variant},
+        params={"seed": params["seed"], "grpo": grpo, "variant": variant},
         data_hashes=data_hashes,
         metrics=metrics,
     )

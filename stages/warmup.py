@@ -115,7 +115,7 @@ def main() -> None:
     write_model_card(
         out,
         title="selfcest warm-up checkpoint (tiny Qwen3)",
-        params=params["warmup"],
+        params={"seed": params["seed"], "warmup": params["warmup"]},
         data_hashes=data_hashes | {f"init:{name}": sha for name, sha in init_hashes.items()},
         metrics=metrics,
     )

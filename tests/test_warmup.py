@@ -205,26 +205,30 @@ def test_a_warmup_killed_after_its_first_epoch_resumes_to_the_same_weights(
 
     monkeypatch.setattr(warmup_module, "CsvLogCallback", StoppingLog)
 
-    def run(run_dir: Path) -> tuple[list[list[int]], Any]:
+    def run(run_dir: Path) -> tuple[list[list[int]], Any, dict[str, Any]]:
         model = load_model(tiny_checkpoint, dtype="float32")
         collator = RecordingCollator(tiny_tokenizer.pad_token_id)
         config = WarmupConfig(
             max_steps=3 * steps_per_epoch, batch_size=2, logging_steps=1, save_steps=steps_per_epoch + 2
         )
-        run_warmup(
+        metrics = run_warmup(
             model, tiny_tokenizer, dataset, config, run_dir=run_dir, run_fingerprint="fp",
             log_csv=tmp_path / f"{run_dir.name}.csv", data_collator=collator,
         )  # fmt: skip
-        return [b["input_ids"][:, :8].sum(1).tolist() for b in collator.batches], model
+        return [b["input_ids"][:, :8].sum(1).tolist() for b in collator.batches], model, metrics
 
-    full_batches, full_model = run(tmp_path / "full")
+    full_batches, full_model, full_metrics = run(tmp_path / "full")
     stop_at[0] = steps_per_epoch + 2  # a checkpoint inside the second epoch
     run(tmp_path / "resumed")
     # `dvc repro` deletes a stage's plots outputs before it reruns the stage: the resumed run finds
     # no log of the killed one and rebuilds its rows from the checkpoint's state.
     (tmp_path / "resumed.csv").unlink()
     stop_at[0] = None
-    resumed_batches, resumed_model = run(tmp_path / "resumed")
+    resumed_batches, resumed_model, resumed_metrics = run(tmp_path / "resumed")
+    # The run's mean loss, which the model card (hashed by DVC with the weights) shows: it averaged
+    # only the steps since the checkpoint.
+    assert resumed_metrics["train_loss"] == pytest.approx(full_metrics["train_loss"], rel=1e-4)
+    assert resumed_metrics["steps"] == full_metrics["steps"]
     assert 0 < len(resumed_batches) < len(full_batches)
     assert resumed_batches == full_batches[-len(resumed_batches) :]
     for ours, theirs in zip(full_model.parameters(), resumed_model.parameters(), strict=True):
@@ -256,3 +260,13 @@ def test_the_stage_refuses_a_teacher_that_delegates_otherwise_than_the_runtime(
         ValueError, match=r"arithmetic_delegation is 'chunks' but runtime.expression_halves is True"
     ):
         stage.main()
+
+
+def test_a_checkpoint_cadence_off_the_logging_cadence_is_refused_by_name() -> None:
+    """A resumed run starts its first logging window at its checkpoint: with saves every 15 steps
+    and logs every 10, its step-20 row averaged 5 steps where an uninterrupted run's averaged 10."""
+    with pytest.raises(
+        ValueError, match=r"warmup.save_steps \(15\) must be a multiple of warmup.logging_steps \(10\)"
+    ):
+        WarmupConfig(logging_steps=10, save_steps=15)
+    WarmupConfig(logging_steps=10, save_steps=20)

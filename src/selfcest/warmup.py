@@ -41,10 +41,34 @@ class WarmupConfig:
     """Longer conversations are truncated (the tiny model's context)."""
     logging_steps: int = 25
     save_steps: int = 250
-    """Checkpoint cadence: a killed run resumes from the last one."""
+    """Checkpoint cadence: a killed run resumes from the last one. A multiple of `logging_steps`: a
+    resumed run starts its first logging window at its checkpoint, so otherwise that window's loss
+    would average fewer steps than an uninterrupted run's."""
     seed: int = 42
     threads: int = 0
     """torch threads; 0 keeps torch's default."""
+
+    def __post_init__(self) -> None:
+        if self.logging_steps < 1 or self.save_steps % self.logging_steps:
+            raise ValueError(
+                f"warmup.save_steps ({self.save_steps}) must be a multiple of warmup.logging_steps "
+                f"({self.logging_steps}): a resumed run's first logging window starts at its checkpoint"
+            )
+
+
+def mean_logged_loss(history: Sequence[Mapping[str, Any]]) -> float:
+    """The run's mean training loss from its log history: each logged window's mean loss weighted by
+    its steps (NaN when nothing was logged).
+
+    Not `TrainOutput.training_loss`: after a resume that averages only the steps run since the
+    checkpoint (0.0 when the run was killed after its last one), while the log history is restored
+    from the checkpoint, so a resumed run reports what an uninterrupted one does and its model card,
+    which DVC hashes with the weights, does not change."""
+    total, previous_step = 0.0, 0
+    for entry in history:
+        total += float(entry["loss"]) * (int(entry["step"]) - previous_step)
+        previous_step = int(entry["step"])
+    return total / previous_step if previous_step else float("nan")
 
 
 @dataclass
@@ -273,7 +297,7 @@ def run_warmup(
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
     final = history[-1] if history else {}
     return {
-        "train_loss": round(float(result.training_loss), 5),
+        "train_loss": round(mean_logged_loss(history), 5),
         "final_loss": round(float(final.get("loss", float("nan"))), 5),
         "final_token_accuracy": round(float(final.get("mean_token_accuracy", float("nan"))), 5),
         "steps": int(trainer.state.global_step),
