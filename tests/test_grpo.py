@@ -38,7 +38,6 @@ from selfcest.rewards import (
     clone_gate,
     episode_reward,
     length_penalty,
-    runtime_aborted_agents,
 )
 from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task, TurnRecord
 from selfcest.scripted import ScriptedEngine
@@ -121,16 +120,16 @@ def test_gates() -> None:
     assert clone_gate(clone("failed", 300, None), -0.4, GateConfig("ratio")) == 1.0  # a stated failure
     assert clone_gate(clone("ok"), 0.0, GateConfig("ratio")) == 0.0  # the release's 0/0 side effect
     assert clone_gate(clone("ok"), 0.0, GateConfig("ratio", credit_clones_of_zero_reward_roots=True)) == 1.0
-    # a clone the runtime stopped (status `failed` too) gave no answer: not a stated failure
-    stopped = clone("failed", 300, None)
-    assert clone_gate(stopped, 0.7, GateConfig("protocol"), aborted=True) == 0.0
-    assert clone_gate(stopped, -0.4, GateConfig("ratio"), aborted=True) == 0.0
-    assert clone_gate(stopped, 0.7, GateConfig("none"), aborted=True) == 1.0
+    # a clone the runtime stopped gave no answer: not a stated failure
+    stopped = clone("aborted", 300, None)
+    assert clone_gate(stopped, 0.7, GateConfig("protocol")) == 0.0
+    assert clone_gate(stopped, -0.4, GateConfig("ratio")) == 0.0
+    assert clone_gate(stopped, 0.7, GateConfig("none")) == 1.0
 
 
 def test_a_clone_the_runtime_stopped_at_its_round_limit_gets_no_credit(tiny_tokenizer) -> None:
     """The round limit (and a template that does not re-render a turn) stops an agent with status
-    `failed`, the status of a clone that wrote `Answer: failed`, which the protocol gate credits; a
+    `aborted`, not `failed` (a clone that wrote `Answer: failed`, which the protocol gate credits): a
     clone stopped while it waited for its own clone gave no answer and broke off: its row is gated."""
     spawn_outer = (
         "<tool_call>\n"
@@ -161,8 +160,8 @@ def test_a_clone_the_runtime_stopped_at_its_round_limit_gets_no_credit(tiny_toke
     # The outer clone spawned, then waited for its clone when the rounds ran out.
     episode, stopped = rollout(max_rounds=2)
     outer = episode.agents[1]
-    assert (outer.status, outer.failure, len(outer.turns)) == ("failed", "round limit", 1)
-    assert runtime_aborted_agents(episode) == {a.agent_id for a in episode.agents}
+    assert (outer.status, outer.failure, len(outer.turns)) == ("aborted", "round limit", 1)
+    assert {a.status for a in episode.agents} == {"aborted"}
     assert stopped == [0.0]  # the inner clone never generated: no row
 
 

@@ -570,7 +570,7 @@ def test_a_parent_resumes_in_the_round_its_last_clone_fails(tiny_tokenizer, monk
         [Task("t", "Do it.")]
     )
     middle = episode.agents[1]
-    assert (middle.status, middle.depth) == ("failed", 1)
+    assert (middle.status, middle.depth) == ("aborted", 1)
     assert (episode.root.status, episode.final_answer) == ("ok", "7")
     assert "round_limit" not in [e["kind"] for e in episode.protocol_errors]
 

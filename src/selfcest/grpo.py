@@ -34,7 +34,7 @@ from trl.trainer.utils import RepeatSampler, pad
 
 from selfcest.engine import GenerationEngine, SamplingConfig, TransformersEngine
 from selfcest.halves import HALF_KEYS, expression_halves, format_terms, parse_terms, question_expression
-from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward, runtime_aborted_agents
+from selfcest.rewards import GateConfig, RewardConfig, clone_gate, episode_reward
 from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task
 from selfcest.tasks import score_episode
 
@@ -184,10 +184,7 @@ def make_rollout_func(
             # A clone refused its first turn (no budget left) generated nothing: no row to train, and
             # no share of `group` weighting's division.
             clones = [a for a in episode.agents if a.role == "clone" and a.turns]
-            aborted = runtime_aborted_agents(episode)
-            weights = [
-                clone_gate(clone, reward, config.gate, aborted=clone.agent_id in aborted) for clone in clones
-            ]
+            weights = [clone_gate(clone, reward, config.gate) for clone in clones]
             rows = list(zip(clones, weights, strict=True))
             if config.held_out_sums:
                 sums = agent_sums(episode, tasks[prompt].question)

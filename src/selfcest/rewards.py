@@ -106,26 +106,17 @@ class GateConfig:
     (0/0); with this option such clones are gated by protocol instead, so they still learn."""
 
 
-RUNTIME_ABORT_KINDS = frozenset({"round_limit", "template_mismatch"})
-"""Protocol-error kinds with which the runtime itself stops an agent, status `failed`
-(`Runtime._abort_unfinished`, `Runtime._resume_waiting`)."""
-
-
-def runtime_aborted_agents(episode: Episode) -> set[str]:
-    """Ids of the agents the runtime stopped before they answered (`RUNTIME_ABORT_KINDS`)."""
-    return {error["agent"] for error in episode.protocol_errors if error.get("kind") in RUNTIME_ABORT_KINDS}
-
-
-def clone_gate(clone: AgentRecord, root_reward: float, config: GateConfig, *, aborted: bool = False) -> float:
+def clone_gate(clone: AgentRecord, root_reward: float, config: GateConfig) -> float:
     """w_i: the factor applied to the root's advantage for one clone's training row.
 
-    `aborted`: the runtime stopped the clone (`runtime_aborted_agents`). Its status is `failed`, as
-    is a clone's that wrote `Answer: failed` and so followed the protocol, but it gave no answer."""
+    A clone that wrote `Answer: failed` (status `failed`) followed the protocol; one the runtime
+    stopped before it answered (status `aborted`: the round limit, a turn the template does not
+    re-render) gave no answer."""
     # The paper's protocol breaks: no parseable answer, or the token limit hit, which a clone that
     # wrote its `Answer:` line and then ran on to its cap did too (its status is `ok`: the runtime
     # hands its answer on, but its row is not credited).
     hit_limit = bool(clone.turns) and clone.turns[-1].finish_reason == "length"
-    broke_protocol = clone.status in ("no_answer", "truncated", "budget_exhausted") or hit_limit or aborted
+    broke_protocol = clone.status in ("no_answer", "truncated", "budget_exhausted", "aborted") or hit_limit
     if config.mode == "none":
         return 1.0
     if config.mode == "protocol":
@@ -134,6 +125,6 @@ def clone_gate(clone: AgentRecord, root_reward: float, config: GateConfig, *, ab
         if config.credit_clones_of_zero_reward_roots:
             return 0.0 if broke_protocol else 1.0
         return 0.0
-    no_answer = clone.answer is None and (clone.status != "failed" or aborted)
+    no_answer = clone.answer is None and clone.status != "failed"
     clone_reward = 0.0 if (no_answer and clone.generated_tokens > config.ratio_min_tokens) else root_reward
     return max(-config.ratio_clamp, min(config.ratio_clamp, clone_reward / root_reward))

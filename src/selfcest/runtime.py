@@ -42,7 +42,12 @@ from selfcest.protocol import (
 
 log = logging.getLogger(__name__)
 
-AgentStatus = Literal["running", "waiting", "ok", "failed", "no_answer", "truncated", "budget_exhausted"]
+AgentStatus = Literal[
+    "running", "waiting", "ok", "failed", "no_answer", "truncated", "budget_exhausted", "aborted"
+]
+"""`failed`: the agent wrote `Answer: failed` (it followed the protocol). `aborted`: the runtime
+stopped it before it answered (the round limit, or a chat template that does not re-render its
+turn), so that GRPO's gate can tell the two apart by status alone."""
 
 
 @dataclass
@@ -606,7 +611,7 @@ class Runtime:
                     "template_mismatch", "the chat template did not re-render the turn verbatim"
                 )
                 self._record_errors(state, agent, [error])
-                self._finish(state, index, status="failed", failure=error.detail)
+                self._finish(state, index, status="aborted", failure=error.detail)
                 continue
             agent.status = "running"
             state.ready.append(index)
@@ -653,9 +658,9 @@ class Runtime:
                     state, agent, [ProtocolError("round_limit", "scheduler round limit reached")]
                 )
                 if index:
-                    self._finish(state, index, status="failed", failure="round limit")
+                    self._finish(state, index, status="aborted", failure="round limit")
         if not state.done:
-            self._finish(state, 0, status="failed", failure="round limit")
+            self._finish(state, 0, status="aborted", failure="round limit")
 
     def _record_errors(self, state: _State, agent: AgentRecord, errors: list[ProtocolError]) -> None:
         for error in errors:
