@@ -122,6 +122,38 @@ def test_broken_files_name_the_file_and_line(tmp_path: Path) -> None:
         load_math_split(str(tmp_path / "missing.jsonl"), source="x")
 
 
+def test_a_nan_or_infinite_answer_is_a_file_error_not_a_gold_of_nan(tmp_path: Path) -> None:
+    """`{"answer": NaN}` read as float nan, and the gold became the string "nan" (Infinity: "inf")."""
+    for token in ("NaN", "-Infinity", "1e400"):
+        path = tmp_path / "aime.jsonl"
+        path.write_text(
+            _lines(AIME24, 2) + '{"id": "x", "problem": "P?", "answer": ' + token + "}\n", encoding="utf-8"
+        )
+        with pytest.raises(
+            QADataError, match=rf"aime\.jsonl: non-standard JSON on line 3 column 40: {token} "
+        ):
+            load_math_split(str(path), source="aime24")
+
+
+def test_a_generated_id_never_takes_another_records_id(tmp_path: Path) -> None:
+    """A record without an id was named `<source>-<index>` even when another record of the file had
+    that id: the two shared it, and the suite's `id_unique` quarantined both (a sound record too)."""
+    path = tmp_path / "aime25.jsonl"
+    records = [
+        {"problem": "P0", "answer": "1"},  # no id: aime25-0 is taken by record 2, and aime25-0-2 by record 3
+        {"problem": "P1", "answer": "2"},  # no id: aime25-1 is free
+        {"id": "aime25-0", "problem": "P2", "answer": "3"},
+        {"id": "aime25-0-2", "problem": "P3", "answer": "4"},
+        {"problem": "P4", "answer": ""},  # no id, quarantined: named as the adapter would name it
+        {"idx": 4, "problem": "P5", "answer": "5"},  # an own id equal to another record's index is no clash
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    split = load_math_split(str(path), source="aime25", enforce=False)
+    assert [r["id"] for r in split.records] == ["aime25-0-3", "aime25-1", "aime25-0", "aime25-0-2", "4"]
+    assert [(q.index, q.record_id) for q in split.quarantined] == [(4, "aime25-4")]
+    assert split.report["expectations"]["id_unique"]["success"]
+
+
 def test_adapter_prefers_an_answer_field_over_the_solution() -> None:
     record = adapt_math_record(
         {"problem": "p", "solution": "so \\boxed{5}", "answer": " 6 ", "unique_id": "u1"}, source="s", index=3

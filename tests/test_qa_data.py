@@ -101,6 +101,32 @@ def test_keys_are_short_unique_slugs() -> None:
     assert len(slugify("x " * 100)) <= 32
 
 
+def test_keys_keep_letters_that_do_not_decompose() -> None:
+    """The ASCII fold dropped every letter NFKD does not split into ASCII and an accent: "Øresund"
+    became `resund`, "Straße" `Strae`, and an all-CJK context `p`, `p-2`, `p-3` (keys naming nothing)."""
+    assert slugify("Øresund Bridge") == "Oresund-Bridge"
+    assert slugify("Heinz-Josef Große") == "Heinz-Josef-Grosse"  # a real 2Wiki title (was `Groe`)
+    assert slugify("Châu Đức District") == "Chau-Duc-District"  # a real 2Wiki title (was `Chau-uc`)
+    assert [slugify(t) for t in ("Æthelred", "ÆSIR", "Łódź", "Þórr", "2010 Elazığ earthquake")] == [
+        "Aethelred", "AESIR", "Lodz", "Thorr", "2010-Elazig-earthquake"
+    ]  # fmt: skip
+    # Other scripts keep their letters (and marks: the Devanagari vowel signs are part of the word).
+    assert make_keys(["東京", "大阪", "東京", "Москва", "हिन्दी"]) == [
+        "東京",
+        "大阪",
+        "東京-2",
+        "Москва",
+        "हिन्दी",
+    ]
+    assert make_keys(["ΑΒΓ", "αβγ"]) == ["ΑΒΓ", "αβγ-2"]  # unique regardless of case, as ASCII keys
+    # Decomposable titles keep their old keys; punctuation outside ASCII is still dropped.
+    assert (
+        slugify("Frédéric Chopin") == "Frederic-Chopin"
+        and slugify("1979–80 European Cup") == "197980-European-Cup"
+    )
+    assert slugify("Hawaiʻi") == "Hawaii" and slugify("🎉") == "p"
+
+
 # ---------------------------------------------------------------------------------------- corruption
 
 
@@ -242,6 +268,29 @@ def test_json_python_cannot_hold_raises_naming_file_and_line(tmp_path: Path) -> 
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
     with pytest.raises(QADataError, match=r"deep\.json: unreadable JSON: RecursionError"):
         load_2wiki(str(tmp_path / "deep.json"))
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_nan_and_infinity_are_a_file_error_naming_file_and_line(tmp_path: Path, token: str) -> None:
+    """Python's json reads NaN, Infinity and a numeral past a float's range as float nan/inf, which
+    standard JSON does not have; a gold answer became the string "nan" or "inf". Like invalid JSON,
+    the file is broken: QADataError names it, the line and the column, and loads nothing."""
+    wiki = tmp_path / "nan.json"
+    wiki.write_text(
+        '[\n  {"_id": "a", "question": "q", "answer": "NaN",\n   "score": ' + token + "}\n]", encoding="utf-8"
+    )
+    with pytest.raises(
+        QADataError, match=rf"nan\.json: non-standard JSON at line 3 column 13: {re.escape(token)} "
+    ):
+        load_2wiki(str(wiki))
+    lines = tmp_path / "nan.jsonl"
+    lines.write_text(
+        '{"id": "a", "answer": "Infinity"}\n{"id": "b", "answer": ' + token + "}\n", encoding="utf-8"
+    )
+    with pytest.raises(
+        QADataError, match=rf"nan\.jsonl: non-standard JSON on line 2 column 23: {re.escape(token)} "
+    ):
+        load_musique(str(lines))
 
 
 def test_an_escaped_lone_surrogate_is_quarantined_and_stays_writable(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ list in either of the two layouts the benchmarks ship in:
 - MATH: `{problem, solution, level, type, idx}`; the gold answer is the last `\\boxed{}` of the
   solution unless the record has an `answer` field;
 - AIME: `{problem, answer[, id]}`; a record without an id is named by its position
-  (`<source>-<index>`), as AIME 2025's are.
+  (`<source>-<index>`), as AIME 2025's are, unless another record of the file has that id
+  (`generated_ids`).
 
 Two layers, as for QA (`selfcest.data.validation`):
 1. `adapt_math_record`: fields present and of the right type, else the record is quarantined with
@@ -72,8 +73,11 @@ def _text(record: Mapping[str, Any], name: str) -> str | None:
     return str(value).strip()
 
 
-def adapt_math_record(raw: Any, *, source: str, index: int) -> dict[str, str]:
-    """A MATH or AIME line in the project's schema; raises RecordError naming the field."""
+def adapt_math_record(
+    raw: Any, *, source: str, index: int, generated_id: str | None = None
+) -> dict[str, str]:
+    """A MATH or AIME line in the project's schema; raises RecordError naming the field.
+    `generated_id`: the id of a record without one (`generated_ids`), else `<source>-<index>`."""
     if not isinstance(raw, dict):
         raise RecordError("<record>", f"expected an object, got {type(raw).__name__}")
     problem = raw.get("problem")
@@ -95,27 +99,57 @@ def adapt_math_record(raw: Any, *, source: str, index: int) -> dict[str, str]:
             )
             raise RecordError("answer", where)
     return {
-        "id": math_record_id(raw, source, index, strict=True),
+        "id": math_record_id(raw, source, index, strict=True, generated_id=generated_id),
         "problem": problem,
         "answer": answer,
         "source": source,
     }
 
 
-def math_record_id(raw: Any, source: str, index: int, *, strict: bool = False) -> str:
+def math_record_id(
+    raw: Any, source: str, index: int, *, strict: bool = False, generated_id: str | None = None
+) -> str:
     """A record's id: its first non-empty `id`, `unique_id` (MATH-500) or `idx`, else
-    `<source>-<index>` (AIME 2025 files have none), so that adapted and quarantined records are
-    named alike. `strict`: an id that is no text or number raises the record's error (the adapter);
-    otherwise it is passed over (the quarantine, which must name the record whatever it holds)."""
+    `generated_id` (`generated_ids`: `<source>-<index>` unless a record of the file has that id;
+    AIME 2025 files have none), so that adapted and quarantined records are named alike. `strict`:
+    an id that is no text or number raises the record's error (the adapter); otherwise it is passed
+    over (the quarantine, which must name the record whatever it holds)."""
+    found = _own_id(raw, strict=strict)
+    return found or generated_id or f"{source}-{index}"
+
+
+def _own_id(raw: Any, *, strict: bool = False) -> str | None:
+    """The id a record names itself by, or None (no id, an empty one, or, unless `strict`, one of
+    the wrong type)."""
     if not isinstance(raw, Mapping):
-        return f"{source}-{index}"
+        return None
     try:
-        found = _text(raw, "id") or _text(raw, "unique_id") or _text(raw, "idx")
+        return _text(raw, "id") or _text(raw, "unique_id") or _text(raw, "idx") or None
     except RecordError:
         if strict:
             raise
-        found = None
-    return found or f"{source}-{index}"
+        return None
+
+
+def generated_ids(data: Sequence[Any], source: str) -> dict[int, str]:
+    """{index: id} for the records of one file that name themselves by no id: `<source>-<index>`, or,
+    when a record of the same file already has that id, the first free `<source>-<index>-2`, -3, ...
+    A generated id taken from a record's own id made two records share it: the suite's `id_unique`
+    then quarantined both, a sound record with the one that lacked an id. Deterministic: it depends
+    on the file alone. Own ids that repeat each other are left to `id_unique`."""
+    taken = {rid for raw in data if (rid := _own_id(raw)) is not None}
+    out: dict[int, str] = {}
+    for index, raw in enumerate(data):
+        if _own_id(raw) is not None:
+            continue
+        base = candidate = f"{source}-{index}"
+        n = 1
+        while candidate in taken:
+            n += 1
+            candidate = f"{base}-{n}"
+        taken.add(candidate)
+        out[index] = candidate
+    return out
 
 
 def check_math_limits(
@@ -191,19 +225,21 @@ def load_math_split(
         raise QADataError(path, "no records")
     out = MathSplit()
     adapted: list[tuple[int, dict[str, str]]] = []
+    fallback = generated_ids(data, source)
     for index, raw in enumerate(data):
         try:
             bad = lone_surrogate_field(raw)
             if bad:
                 raise RecordError(bad, "holds an escaped lone surrogate (not valid Unicode)")
-            adapted.append((index, adapt_math_record(raw, source=source, index=index)))
+            record = adapt_math_record(raw, source=source, index=index, generated_id=fallback.get(index))
+            adapted.append((index, record))
         except RecordError as exc:
             out.quarantined.append(
                 Quarantined(
                     source,
                     path,
                     index,
-                    writable(math_record_id(raw, source, index)),
+                    writable(math_record_id(raw, source, index, generated_id=fallback.get(index))),
                     [str(exc)],
                     split=source,
                     record=writable(raw),

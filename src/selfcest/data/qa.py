@@ -6,10 +6,10 @@ plus the keys of the paragraphs they should read (the runtime expands keys to te
 record carries short keys that are unique within the record, and, where the source gives them,
 the hops (sub-question, answer, key of the paragraph that answers it).
 
-Error policy: a file that cannot be read or parsed (missing, not UTF-8, truncated JSON) raises
-`QADataError` naming the file (and the byte/line/column); a record that cannot be adapted is
-returned as a `Quarantined` item with the file, record index, id, field and reason -- it is never
-dropped silently.
+Error policy: a file that cannot be read or parsed (missing, not UTF-8, truncated JSON, or numbers
+standard JSON does not have: NaN, Infinity) raises `QADataError` naming the file (and the
+byte/line/column); a record that cannot be adapted is returned as a `Quarantined` item with the
+file, record index, id, field and reason -- it is never dropped silently.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -152,15 +153,66 @@ class _RecordExcluded(Exception):
 
 _SLUG_MAX = 32
 
+# Latin letters that NFKD does not split into an ASCII letter and an accent, so the ASCII fold
+# dropped them ("Øresund" became `resund`). Each is spelt as its usual ASCII transliteration; an
+# uppercase letter that becomes two is written title-case before a lowercase letter ("Æthelred" ->
+# `Aethelred`) and all caps otherwise ("ÆSIR" -> `AESIR`).
+_TRANSLITERATE: dict[str, str] = {
+    "Æ": "AE", "æ": "ae", "Œ": "OE", "œ": "oe", "Ø": "O", "ø": "o", "ß": "ss", "ẞ": "SS",
+    "Ł": "L", "ł": "l", "Đ": "D", "đ": "d", "Ð": "D", "ð": "d", "Þ": "TH", "þ": "th",
+    "ı": "i", "Ħ": "H", "ħ": "h", "Ŧ": "T", "ŧ": "t", "Ŋ": "NG", "ŋ": "ng", "ƒ": "f",
+    "Ɓ": "B", "ɓ": "b", "Ɗ": "D", "ɗ": "d", "Ƙ": "K", "ƙ": "k", "Ƴ": "Y", "ƴ": "y",
+}  # fmt: skip
+
+
+def _fold(title: str) -> str:
+    """`title` with Latin letters folded to ASCII and every other letter or digit kept.
+
+    After NFKD an accented Latin letter is its ASCII base and a combining accent: the accent is
+    dropped, as the ASCII fold always did, so keys of such titles are unchanged. A letter or digit of
+    another script (CJK, Cyrillic, Greek, Arabic, ...) is kept with its marks (a Devanagari vowel
+    sign is part of the word); it used to be dropped, which turned an all-CJK context into `p`,
+    `p-2`, ... and left the root nothing to tell its paragraphs apart by. Keys need not be ASCII:
+    the root copies them from the prompt into a JSON tool call, the protocol matches them exactly,
+    and the tokenizer is byte-level. Other non-ASCII characters (dashes, curly quotes, symbols)
+    are dropped, as before."""
+    out: list[str] = []
+    kept_base = False  # whether the last base character was a kept non-ASCII letter or digit
+    chars = unicodedata.normalize("NFKD", title)
+    for i, ch in enumerate(chars):
+        if ch.isascii():
+            out.append(ch)
+            kept_base = False
+        elif unicodedata.category(ch).startswith("M"):
+            if kept_base:  # a mark of a kept letter; an ASCII letter's accent is folded away
+                out.append(ch)
+        elif ch in _TRANSLITERATE:
+            latin = _TRANSLITERATE[ch]
+            if len(latin) > 1 and latin.isupper() and chars[i + 1 : i + 2].islower():
+                latin = latin.capitalize()
+            out.append(latin)
+            kept_base = False
+        elif ch.isalnum() and not "\u02b0" <= ch <= "\u02ff":
+            # U+02B0-U+02FF are modifier letters that Latin text uses as apostrophes and length
+            # marks ("Hawaiʻi"): isalnum() accepts them, but they were never part of a key.
+            out.append(ch)
+            kept_base = True
+        else:
+            kept_base = False
+    # NFC so that a kept letter and its marks are one character again where Unicode has one.
+    return unicodedata.normalize("NFC", "".join(out))
+
 
 def slugify(title: str, max_len: int = _SLUG_MAX) -> str:
-    """ASCII slug of a title, case kept; accents folded so keys stay cheap for small tokenizers.
+    """Slug of a title, case kept; Latin accents folded so keys stay cheap for small tokenizers,
+    letters of other scripts kept (`_fold`).
 
     Case is kept so that a one-word title is its own key (the paper's root sees paragraph titles):
     the root then copies a name from the question into `context` as it is written.
     """
-    folded = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode("ascii")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", folded).strip("-")
+    # Every character left by `_fold` that is not an ASCII letter or digit is a kept letter, digit
+    # or mark of another script, so only runs of ASCII non-alphanumerics become separators.
+    slug = re.sub(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+", "-", _fold(title)).strip("-")
     if len(slug) > max_len:
         # Cut at a word boundary when one is close, so keys stay readable.
         cut = slug[:max_len]
@@ -175,10 +227,11 @@ def make_keys(titles: Sequence[str]) -> list[str]:
     for title in titles:
         base = slugify(title)
         key, n = base, 1
-        while key.lower() in used:  # keys differing only in case would confuse readers
+        # Keys differing only in case would confuse readers (casefold() is lower() on ASCII keys).
+        while key.casefold() in used:
             n += 1
             key = f"{base}-{n}"
-        used.add(key.lower())
+        used.add(key.casefold())
         keys.append(key)
     return keys
 
@@ -226,6 +279,45 @@ def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None) -> b
         raise QADataError(path, f"cannot read: {type(exc).__name__}: {exc}") from exc
 
 
+class NonStandardJSONError(ValueError):
+    """A number that standard JSON (RFC 8259) does not have: `NaN`, `Infinity`, `-Infinity`, or a
+    numeral too large for a float. Python's `json` reads them as float nan/inf, and `str()` of that
+    became a gold answer "nan" or "inf" (a math record's numeric `answer`). Like invalid JSON, the
+    file is broken, not one record: `read_json_records` raises QADataError naming file and line."""
+
+    def __init__(self, token: str, reason: str):
+        super().__init__(f"{token} {reason}")
+        self.token = token
+
+    def position(self, text: str) -> tuple[int, int] | None:
+        """(line, column) of the token in `text`, 1-based as JSONDecodeError's, or None. The parser
+        does not tell where it stopped; it is the first place outside a JSON string where the token
+        stands as a whole value (everything before it parsed, so no earlier one is there)."""
+        pattern = re.compile(rf'"(?:[^"\\]|\\.)*"|(?<![\w.+-]){re.escape(self.token)}(?![\w.])')
+        for match in pattern.finditer(text):
+            if not match.group().startswith('"'):
+                start = match.start()
+                return text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start)
+        return None
+
+
+def _reject_constant(name: str) -> Any:
+    raise NonStandardJSONError(name, "is not a JSON value (NaN and Infinity are not standard JSON)")
+
+
+def _finite_float(numeral: str) -> float:
+    value = float(numeral)
+    if not math.isfinite(value):
+        raise NonStandardJSONError(numeral, "is too large for a float (it would read as inf)")
+    return value
+
+
+def strict_json_loads(text: str) -> Any:
+    """`json.loads` of standard JSON only: NaN, Infinity and numerals that overflow a float raise
+    NonStandardJSONError instead of reading as float nan/inf."""
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def read_json_records(path: str, storage_options: Mapping[str, Any] | None = None) -> list[Any]:
     """A JSON list (2Wiki, KAG files) or JSON lines (official MuSiQue). Raises QADataError."""
     raw = read_bytes(path, storage_options)
@@ -241,11 +333,15 @@ def read_json_records(path: str, storage_options: Mapping[str, Any] | None = Non
         raise QADataError(str(path), "empty file")
     if stripped[0] == "[":
         try:
-            data = json.loads(text)
+            data = strict_json_loads(text)
         except json.JSONDecodeError as exc:
             raise QADataError(
                 str(path), f"invalid JSON (truncated?) at line {exc.lineno} column {exc.colno}: {exc.msg}"
             ) from exc
+        except NonStandardJSONError as exc:
+            pos = exc.position(text)
+            at = f" at line {pos[0]} column {pos[1]}" if pos else ""
+            raise QADataError(str(path), f"non-standard JSON{at}: {exc}") from exc
         except (ValueError, RecursionError) as exc:  # an integer over Python's digit limit, deep nesting
             raise QADataError(str(path), f"unreadable JSON: {type(exc).__name__}: {exc}") from exc
         return data
@@ -259,7 +355,11 @@ def read_json_records(path: str, storage_options: Mapping[str, Any] | None = Non
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append(strict_json_loads(line))
+        except NonStandardJSONError as exc:
+            pos = exc.position(line)
+            at = f" column {pos[1]}" if pos else ""
+            raise QADataError(str(path), f"non-standard JSON on line {lineno}{at}: {exc}") from exc
         except json.JSONDecodeError as exc:
             if not records and _is_json_object(text):
                 # A pretty-printed object (`{"data": [...]}`) failed on its first line as if cut.
