@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -13,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -669,3 +671,38 @@ def test_grpo_draws_each_source_in_order_and_names_a_bad_task_setting(tmp_path: 
         grpo_records({"arithmetc": 10}, 42, paths)
     with pytest.raises(ValueError, match=r"grpo.tasks.qa: expected an integer >= 0, got -1"):
         grpo_records({"arithmetic": 10, "qa": -1}, 42, paths)
+
+
+def test_a_peft_policy_with_a_kl_term_is_refused(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With beta > 0 TRL keeps no reference model for a PEFT policy (it switches the adapter off for
+    the roots' reference log-probs); the clone rows' recomputed ones would come from the adapted
+    policy itself, so the KL term would pull towards the current policy. The project trains full
+    models only, so such a trainer is refused, naming the way out; a full model with beta > 0 gets
+    TRL's own reference model. peft is not installed here: the policy is reported as a PEFT model
+    the way TRL tells one (accelerate's `is_peft_model`)."""
+    full = make_trainer(tiny_checkpoint, tmp_path / "full", beta=0.1)
+    assert full.ref_model is not None and full.ref_model is not full.model
+    monkeypatch.setattr("selfcest.grpo.is_peft_model", lambda model: True, raising=False)
+    with pytest.raises(ValueError, match=r"beta is 0.1 but the policy is a PEFT \(adapter\) model"):
+        make_trainer(tiny_checkpoint, tmp_path / "peft", beta=0.1)
+    assert make_trainer(tiny_checkpoint, tmp_path / "peft_no_kl", beta=0.0).ref_model is None  # no KL: fine
+
+
+@pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")
+def test_a_real_lora_policy_with_a_kl_term_is_refused(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with a real LoRA-wrapped policy, where peft is installed."""
+    import grpo_helpers
+    from peft import LoraConfig, get_peft_model
+
+    load = grpo_helpers.load_model
+
+    def load_lora(*args: Any, **kwargs: Any) -> Any:
+        return get_peft_model(load(*args, **kwargs), LoraConfig(r=2, target_modules=["q_proj"]))
+
+    monkeypatch.setattr(grpo_helpers, "load_model", load_lora)
+    with pytest.raises(ValueError, match=r"policy is a PEFT \(adapter\) model"):
+        make_trainer(tiny_checkpoint, tmp_path / "run", beta=0.1)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib.metadata
 import json
+import logging
 import re
 import shutil
 from collections.abc import Mapping
@@ -15,7 +17,14 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from selfcest.hashing import file_sha256
 
+log = logging.getLogger(__name__)
+
 FINGERPRINT_FILE = "selfcest_fingerprint.json"
+# The libraries whose code computes a run (its tokenization, forward and backward passes, sampling,
+# optimiser and GRPO loss; vLLM's rollouts and evaluation cells): a run killed under one version and
+# resumed under another would mix two computations in one set of weights or one cell's journal.
+# peft and vllm are optional (None where they are not installed).
+LIBRARIES = ("torch", "transformers", "tokenizers", "trl", "accelerate", "peft", "vllm")
 CHECKPOINT_NAME = re.compile(r"checkpoint-\d+")
 # Files beside the weights that change what a checkpoint does with the same weights: the tokenizer's,
 # and the model's configuration (`rope_theta`, say) and generation defaults (its end-of-turn ids).
@@ -75,8 +84,25 @@ def checkpoint_sha256s(checkpoint: Path | str) -> dict[str, str | None]:
     return hashes
 
 
+def library_versions() -> dict[str, str | None]:
+    """The installed version of each of `LIBRARIES` (`importlib.metadata`, so nothing is imported),
+    None for one that is not installed."""
+    versions: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
 def fingerprint(payload: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+    """sha256 of `payload` (what a run depends on: params, data, starting checkpoint, code) and of
+    `library_versions()`: every run fingerprint covers the libraries, so that an upgrade between a
+    kill and the rerun starts the run over instead of resuming it. The same on one machine, and
+    written only into run folders (`prepare_run_dir`), never into a stage's DVC outputs."""
+    keyed = {"payload": payload, "libraries": library_versions()}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def code_sha256(*extra_files: Path | str) -> str:
@@ -105,21 +131,25 @@ def _read_json(path: Path) -> Any:
 def prepare_run_dir(run_dir: Path, run_fingerprint: str) -> str | None:
     """Make `run_dir` ready for a training run and return the checkpoint to resume from, if any.
 
-    A run killed part-way leaves `checkpoint-*` folders; they are resumed only when the params and
-    data (the fingerprint) are those of the killed run, so a changed config never resumes stale state.
-    A fingerprint file that cannot be read counts as another run's (the folder starts over), and a
-    checkpoint whose `trainer_state.json` does not parse (killed while it was written) is removed,
-    so the run resumes from the one before it instead of failing on every rerun.
+    A run killed part-way leaves `checkpoint-*` folders; they are resumed only when the params,
+    data, code and library versions (the fingerprint) are those of the killed run, so a changed
+    config or an upgraded library never resumes stale state. A fingerprint file that cannot be read
+    counts as another run's (the folder starts over), and a checkpoint whose `trainer_state.json` does
+    not parse (killed while it was written) is removed, so the run resumes from the one before it
+    instead of failing on every rerun.
     """
     marker = run_dir / FINGERPRINT_FILE
+    libraries = library_versions()
     if run_dir.exists():
         previous = _read_json(marker) if marker.exists() else None
         if not isinstance(previous, dict) or previous.get("fingerprint") != run_fingerprint:
+            log.warning("%s: starting afresh, %s", run_dir, _what_changed(previous, libraries))
             shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # Written whole or not at all: a kill mid-write leaves the temporary file, never a cut marker.
+    # The versions are kept beside the hash (which covers them) only to name an upgrade on a rerun.
     partial = marker.with_suffix(".tmp")
-    partial.write_text(json.dumps({"fingerprint": run_fingerprint}), encoding="utf-8")
+    partial.write_text(json.dumps({"fingerprint": run_fingerprint, "libraries": libraries}), encoding="utf-8")
     partial.replace(marker)
     # The Trainer's own folders only (`checkpoint-<step>`, as HF's `sort_checkpoints` reads them): a
     # `checkpoint-best` a user left there, or a file of that name, crashed every rerun.
@@ -132,6 +162,23 @@ def prepare_run_dir(run_dir: Path, run_fingerprint: str) -> str | None:
             return str(checkpoint)
         shutil.rmtree(checkpoint)
     return None
+
+
+def _what_changed(previous: Any, libraries: Mapping[str, str | None]) -> str:
+    """Why a run folder is not resumed, for the log: the libraries whose versions changed where the
+    folder's marker names them, else what else the fingerprint covers."""
+    if not isinstance(previous, dict):
+        return "its fingerprint file is missing or unreadable"
+    before = previous.get("libraries")
+    if isinstance(before, dict):
+        changed = [
+            f"{name} {before.get(name)} -> {version}"
+            for name, version in libraries.items()
+            if before.get(name) != version
+        ]
+        if changed:
+            return "library versions changed since the killed run: " + ", ".join(changed)
+    return "the params, data, starting checkpoint or code changed since the killed run"
 
 
 class CsvLogCallback(TrainerCallback):

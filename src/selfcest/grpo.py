@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+from accelerate.utils import is_peft_model
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler, pad
 
@@ -257,6 +258,19 @@ class SelfcestGRPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        # With beta > 0, TRL builds no reference model for a PEFT (adapter) policy: it takes the
+        # roots' reference log-probs from the policy with its adapter switched off (or switched to a
+        # frozen "ref" copy). `_recompute_logps`, which redoes them for the batch with the clone rows,
+        # would take them from the adapted policy itself, so the KL term would pull towards the
+        # current policy, not the reference. The project trains full models only (no config builds
+        # an adapter, and peft is not a dependency), so such a policy is refused rather than half
+        # supported.
+        if self.beta != 0.0 and (is_peft_model(self.model) or self.ref_model is None):
+            raise ValueError(
+                f"beta is {self.beta} but the policy is a PEFT (adapter) model: the clone rows' KL "
+                "reference would be the adapted policy itself, not the reference model. Train a "
+                "full model (merge the adapter first) or set grpo.training.beta: 0"
+            )
         self.role_grad_norm_steps = role_grad_norm_steps
         self.clone_weighting = clone_weighting
 
