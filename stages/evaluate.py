@@ -38,6 +38,7 @@ _STARTED = time.perf_counter()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python stages/evaluate.py` works too
 
+from selfcest.determinism import machine_description  # noqa: E402
 from selfcest.param_checks import check_keys, is_int_setting  # noqa: E402
 from selfcest.sweep_config import check_method_names, check_sweep_keys, per_dataset, settings_for  # noqa: E402
 from stages.common import PARAMS_FILE, SUPPORT_FILES, file_sha256, load_params, setup_logging, write_json  # noqa: E402
@@ -266,6 +267,8 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
         "workers": workers,
         "device": device,
         "engine_calls": engine.stats.calls,
+        # Where the cell ran (its timings are this machine's; `selfcest.reports.machine_lines`).
+        "machine": machine_description(),
     }
     write_json(
         out / "rows.json",

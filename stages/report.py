@@ -16,6 +16,7 @@ missing; they never fail the stage.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
 import sys
@@ -93,6 +94,24 @@ def type_guess_floors(sweep: Any, qa_data: Path) -> dict[str, float]:
     return floors
 
 
+def training_machines(folder: Path, params: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+    """{stage: the machine its metrics file recorded} for the warm-up and each GRPO variant; a file
+    that is missing, unreadable or has no `machine` (a warm-up skipped for `model.init_from`) gives
+    None. Files of variants no longer in params are not read: they are stale."""
+    files = {"warmup": folder / "warmup.json"} | {
+        f"train_grpo@{variant}": folder / f"grpo_{variant}.json"
+        for variant in (params.get("grpo") or {}).get("variants") or {}
+    }
+    found: dict[str, dict[str, Any] | None] = {}
+    for stage, path in files.items():
+        try:
+            machine = json.loads(path.read_text(encoding="utf-8")).get("machine")
+        except (OSError, ValueError, AttributeError):
+            machine = None
+        found[stage] = machine if isinstance(machine, dict) else None
+    return found
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=PARAMS_FILE)
@@ -101,13 +120,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--qa-data", type=Path, default=Path("data/qa"), help="QA split files, for the type-guess floor"
     )
+    parser.add_argument(
+        "--training-reports",
+        type=Path,
+        default=None,
+        help="folder of the training stages' metrics files (warmup.json, grpo_<variant>.json), "
+        "for the machines they ran on; default: --out, where the pipeline writes both",
+    )
     args = parser.parse_args(argv)
     setup_logging()
 
     from selfcest import reports
     from selfcest.param_checks import check_keys
 
-    eval_params = load_params(args.params)["eval"]
+    params = load_params(args.params)
+    eval_params = params["eval"]
     report = eval_params.get("report") or {}
     check_keys("eval.report", report, REPORT_KEYS)
     method_order = list(
@@ -164,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
             claims=claims,
             method_order=method_order,
             floors=floors,
+            training_machines=training_machines(args.training_reports or out, params),
         ),
         encoding="utf-8",
     )

@@ -27,6 +27,7 @@ from selfcest.checkpoints import (  # noqa: E402
     prepare_run_dir,
     write_model_card,
 )
+from selfcest.determinism import machine_description  # noqa: E402
 from selfcest.grpo import SelfcestConfig, TrainingConfig, build_trainer  # noqa: E402
 from selfcest.model import load_model  # noqa: E402
 from selfcest.param_checks import check_keys, int_setting  # noqa: E402
@@ -240,7 +241,8 @@ def main() -> None:
         data_hashes=data_hashes,
         metrics=metrics,
     )
-    write_json(reports / f"grpo_{args.variant}.json", metrics)
+    # The machine goes to the metrics file only, not the model card (`machine_description`).
+    write_json(reports / f"grpo_{args.variant}.json", {**metrics, "machine": machine_description()})
     shutil.rmtree(run_dir, ignore_errors=True)
 
 

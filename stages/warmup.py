@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from selfcest.checkpoints import checkpoint_sha256s, code_sha256, fingerprint, write_model_card
+from selfcest.determinism import machine_description
 from selfcest.model import load_model
 from selfcest.teachers import build_warmup_conversations
 from selfcest.tokenizer import load_tokenizer
@@ -119,7 +120,8 @@ def main() -> None:
         data_hashes=data_hashes | {f"init:{name}": sha for name, sha in init_hashes.items()},
         metrics=metrics,
     )
-    write_json(args.metrics, {**metrics, "kinds": kinds})
+    # The machine goes to the metrics file only, not the model card (`machine_description`).
+    write_json(args.metrics, {**metrics, "kinds": kinds, "machine": machine_description()})
     shutil.rmtree(args.run_dir, ignore_errors=True)  # finished: nothing left to resume
 
 

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from selfcest.determinism import KERNEL_VARIABLE, OPT_OUT_VARIABLE, cpu_flags, pin_cpu_kernels
+from selfcest.determinism import (
+    KERNEL_VARIABLE,
+    OPT_OUT_VARIABLE,
+    cpu_flags,
+    machine_description,
+    pin_cpu_kernels,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST_FLAGS = cpu_flags()
@@ -65,3 +71,19 @@ def test_a_stage_process_runs_avx2_kernels() -> None:
 @pytest.mark.skipif("avx512f" not in HOST_FLAGS, reason="needs an AVX-512 CPU to show the opt-out")
 def test_opting_out_keeps_the_native_kernels() -> None:
     assert _stage_capability(**{OPT_OUT_VARIABLE: "native"}).startswith("AVX512")
+
+
+def test_the_machine_description_names_vendor_model_and_kernels(tmp_path: Path) -> None:
+    """What a training stage's metrics file records: MKL picks its kernels by CPU vendor, so the
+    vendor is what tells two runs' weights apart; the kernels are those the variable pins."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t: avx2 fma\n"
+        "processor\t: 1\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n",
+        encoding="utf-8",
+    )
+    machine = machine_description({KERNEL_VARIABLE: "avx2"}, cpuinfo)
+    assert machine["cpu_vendor"] == "AuthenticAMD" and machine["cpu_model"] == "AMD EPYC 7B13"
+    assert machine["cpu_kernels"] == "avx2" and machine["torch"]
+    unread = machine_description({}, tmp_path / "missing")
+    assert (unread["cpu_vendor"], unread["cpu_model"], unread["cpu_kernels"]) == (None, None, "native")

@@ -504,6 +504,7 @@ def write_cell(
     *,
     status: str = "ok",
     weights: str | None = None,
+    timing: dict[str, Any] | None = None,
 ) -> None:
     cell = root / dataset / split / checkpoint
     cell.mkdir(parents=True)
@@ -516,6 +517,8 @@ def write_cell(
         "methods": sorted({r["method"] for r in rows}),
         "rows": [{k: v for k, v in r.items() if k != "benchmark"} for r in rows],
     }
+    if timing is not None:
+        payload["timing"] = timing
     (cell / "rows.json").write_text(json.dumps(payload), encoding="utf-8")
     with gzip.open(cell / "episodes.jsonl.gz", "wt", encoding="utf-8") as handle:
         for r in rows:
@@ -1077,3 +1080,29 @@ def test_a_method_under_two_checkpoints_and_a_fractional_reference_budget_are_re
         eval_params = {"budgets": {"qa": [64, 128]}, "report": {"reference_budget": {"qa": reference}}}
         with pytest.raises(ValueError, match="reference_budget for qa must be a whole number"):
             settings_for(eval_params, "qa")
+
+
+def test_the_summary_names_the_machines_the_training_and_the_cells_ran_on(tmp_path: Path) -> None:
+    """The same seed trains other weights on an Intel CPU than on an AMD one, so the summary says
+    where each training stage ran (its metrics file's `machine`) and where the cells ran; a stage
+    that recorded none is `not recorded`, and a stale variant's file is not read."""
+    from stages import report
+
+    intel = {"cpu_vendor": "GenuineIntel", "cpu_model": "Xeon", "cpu_kernels": "avx2", "torch": "2.13.0"}
+    amd = dict(intel, cpu_vendor="AuthenticAMD", cpu_model="EPYC")
+    cells = tmp_path / "cells"
+    rows = [r for r in strong_sweep() if r["method"] == "base"]
+    write_cell(cells, "arithmetic", "ood", "warmup_model", rows, timing={"machine": amd})
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "warmup.json").write_text(json.dumps({"steps": 3, "machine": intel}), encoding="utf-8")
+    (out / "grpo_noclone.json").write_text(json.dumps({"steps": 3}), encoding="utf-8")  # an older file
+    (out / "grpo_retired.json").write_text(json.dumps({"machine": amd}), encoding="utf-8")  # not a variant
+    report.main(["--params", str(_params(tmp_path)), "--cells", str(cells), "--out", str(out)])
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    section = summary.split("## Machines", 1)[1].split("\n## ", 1)[0]
+    assert "- warmup: `GenuineIntel` `Xeon`, ATen kernels `avx2`, torch 2.13.0" in section
+    assert "- train_grpo@noclone: not recorded" in section
+    assert "- train_grpo@selfcest: not recorded" in section  # no file at all
+    assert "retired" not in section
+    assert "- evaluation cells: `AuthenticAMD` `EPYC`, ATen kernels `avx2`, torch 2.13.0" in section

@@ -19,6 +19,7 @@ logged the same first 200 warm-up steps); other architectures (ARM) and GPUs are
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 import warnings
@@ -41,6 +42,45 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
         if name.strip() == "flags":
             return set(value.split())
     return set()
+
+
+def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str | None]:
+    """The CPU's vendor (`GenuineIntel`, `AuthenticAMD`) and model name from /proc/cpuinfo (Linux),
+    None where they cannot be read."""
+    found: dict[str, str | None] = {"vendor_id": None, "model name": None}
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in found and found[name.strip()] is None:
+            found[name.strip()] = value.strip() or None
+    return {"cpu_vendor": found["vendor_id"], "cpu_model": found["model name"]}
+
+
+def machine_description(
+    environ: MutableMapping[str, str] | None = None, cpuinfo: Path = Path("/proc/cpuinfo")
+) -> dict[str, str | None]:
+    """What decides a CPU run's arithmetic besides the code and the seed, for a training stage's
+    metrics file: the CPU vendor and model, the ATen kernels in force, and torch's version.
+
+    The pin above makes the two AMD kinds agree, but MKL's matrix products still choose their
+    kernels by CPU vendor, so an Intel and an AMD machine train other weights from the same seed
+    (README, "Environment notes"). Reviewers diffing `dvc metrics` across commits then need to see
+    which kind a run came from. Not for model cards: DVC hashes those with the weights, and the two
+    AMD kinds' identical weights would look like different checkpoints."""
+    environ = os.environ if environ is None else environ
+    try:
+        torch_version: str | None = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = None
+    return {
+        **cpu_identity(cpuinfo),
+        # What ATen reads at import (`pin_cpu_kernels`); unset means torch's own choice.
+        "cpu_kernels": environ.get(KERNEL_VARIABLE) or "native",
+        "torch": torch_version,
+    }
 
 
 def pin_cpu_kernels(

@@ -864,6 +864,39 @@ def _md_num(value: Any, digits: int = 1) -> str:
     return f"{value:.{digits}f}"
 
 
+def describe_machine(machine: Mapping[str, Any] | None) -> str:
+    """One machine (`selfcest.determinism.machine_description`) as a phrase."""
+    if not machine:
+        return "not recorded"
+    cpu = " ".join(f"`{machine[k]}`" for k in ("cpu_vendor", "cpu_model") if machine.get(k)) or "CPU not read"
+    return f"{cpu}, ATen kernels `{machine.get('cpu_kernels')}`, torch {machine.get('torch')}"
+
+
+def machine_lines(training_machines: Mapping[str, Mapping[str, Any] | None], sweep: Sweep) -> list[str]:
+    """The "Machines" section: where each training stage and the cells ran. The same seed trains
+    other weights on an Intel CPU than on an AMD one (MKL picks its matrix kernels by vendor), so a
+    reviewer comparing two commits' reports needs to see whether they come from one kind."""
+    cell_machines = {
+        describe_machine((cell.get("timing") or {}).get("machine"))
+        for cell in sweep.cells
+        if cell.get("status") == "ok"
+    }
+    if not training_machines and not cell_machines:
+        return []
+    lines = ["## Machines", ""]
+    lines += [f"- {stage}: {describe_machine(machine)}" for stage, machine in training_machines.items()]
+    if cell_machines:
+        lines.append("- evaluation cells: " + "; ".join(sorted(cell_machines)))
+    lines += [
+        "",
+        "The same seed gives the same weights on every machine of one CPU vendor, not across vendors",
+        '(README, "Environment notes"): compare reports of two commits as measurements of the code',
+        "only where their training ran on one vendor's CPUs.",
+        "",
+    ]
+    return lines
+
+
 def summary_markdown(
     sweep: Sweep,
     *,
@@ -872,10 +905,13 @@ def summary_markdown(
     claims: Mapping[str, list[Claim]],
     method_order: Sequence[str],
     floors: Mapping[str, float] | None = None,
+    training_machines: Mapping[str, Mapping[str, Any] | None] | None = None,
 ) -> str:
     """The summary report: per benchmark a table at the reference budget, who owns the frontier
     where, and the claims; every sentence is generated from the rows. `floors`: per benchmark, the
-    accuracy of guessing without reading (synthetic QA's type-guess floor), shown under its heading."""
+    accuracy of guessing without reading (synthetic QA's type-guess floor), shown under its heading.
+    `training_machines`: per training stage, the `machine` its metrics file recorded (None where it
+    recorded none), for the "Machines" section (`machine_lines`)."""
     lines = [
         "# Budget-sweep evaluation",
         "",
@@ -947,6 +983,7 @@ def summary_markdown(
                 "measured twice: nothing that separates their rows comes from training."
             )
         lines += [*notes, ""] if notes else []
+    lines += machine_lines(training_machines or {}, sweep)
     if claims:
         names = list(claims)
         lines += [
