@@ -889,9 +889,9 @@ def machine_lines(training_machines: Mapping[str, Mapping[str, Any] | None], swe
         lines.append("- evaluation cells: " + "; ".join(sorted(cell_machines)))
     lines += [
         "",
-        "The same seed gives the same weights on every machine of one CPU vendor, not across vendors",
-        '(README, "Environment notes"): compare reports of two commits as measurements of the code',
-        "only where their training ran on one vendor's CPUs.",
+        "On the CPU kinds measured so far, the same seed gave the same weights on two AMD kinds and",
+        'other weights on Intel (README, "Environment notes"): read a difference between two commits\'',
+        "reports as the code's only where their training ran on CPUs of one vendor.",
         "",
     ]
     return lines
