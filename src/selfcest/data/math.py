@@ -137,10 +137,11 @@ def generated_ids(data: Sequence[Any], source: str) -> dict[int, str]:
     A generated id taken from a record's own id made two records share it: the suite's `id_unique`
     then quarantined both, a sound record with the one that lacked an id. Deterministic: it depends
     on the file alone. Own ids that repeat each other are left to `id_unique`."""
-    taken = {rid for raw in data if (rid := _own_id(raw)) is not None}
+    own = [_own_id(raw) for raw in data]
+    taken = {rid for rid in own if rid is not None}
     out: dict[int, str] = {}
-    for index, raw in enumerate(data):
-        if _own_id(raw) is not None:
+    for index, rid in enumerate(own):
+        if rid is not None:
             continue
         base = candidate = f"{source}-{index}"
         n = 1
