@@ -7,7 +7,8 @@ the source's `storage_options`), adapts it to one schema and validates it
   data/math/<split>.jsonl       canonical JSON lines of the kept records (what the eval cells read)
   data/math/quarantine.jsonl    every record kept out, with file, index, id and reasons
   reports/math_validation.json  counts and expectation results per split (DVC metrics)
-  reports/math_validation.md    the same for humans (GX Data Docs need a CDN)
+  reports/math_validation.md    the same for humans (GX Data Docs need a CDN), and the golds to check
+                                by hand (`MathSplit.ambiguous_golds`: solutions that box other answers)
 
 The quarantine and the reports are written before the stage stops on too many invalid records
 (`eval.math_validation.max_invalid_fraction`), so nothing is lost.
@@ -63,7 +64,12 @@ def build(params: dict[str, Any]) -> dict[str, MathSplit]:
     return splits
 
 
-def report_markdown(report: dict[str, Any]) -> str:
+def _cell(text: str) -> str:
+    """`text` in a Markdown table cell: pipes escaped, on one line."""
+    return " ".join(text.replace("|", "\\|").split())
+
+
+def report_markdown(report: dict[str, Any], ambiguous: dict[str, list[dict[str, Any]]] | None = None) -> str:
     lines = [
         "# Math benchmark validation",
         "",
@@ -73,13 +79,13 @@ def report_markdown(report: dict[str, Any]) -> str:
     if not report["splits"]:
         return "\n".join([*lines, "No math split is configured (`eval.splits.math` is empty).", ""])
     lines += [
-        "| split | file | records | kept | quarantined | invalid | sha256 of kept |",
-        "|---|---|---|---|---|---|---|",
+        "| split | file | records | kept | quarantined | invalid | golds to check | sha256 of kept |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, split in report["splits"].items():
         lines.append(
             f"| `{name}` | `{split['file']}` | {split['total']} | {split['kept']} | {split['quarantined']} | "
-            f"{split['invalid_fraction']:.1%} | `{split['sha256'][:16]}` |"
+            f"{split['invalid_fraction']:.1%} | {split.get('ambiguous_golds', 0)} | `{split['sha256'][:16]}` |"
         )
     lines += ["", "| split | expectation | success | unexpected |", "|---|---|---|---|"]
     for name, split in report["splits"].items():
@@ -87,6 +93,23 @@ def report_markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| `{name}` | `{expectation}` | {'yes' if result['success'] else 'NO'} | "
                 f"{result['unexpected_count']} |"
+            )
+    rows = [(name, item) for name, items in (ambiguous or {}).items() for item in items]
+    if rows:
+        lines += [
+            "",
+            "## Golds to check",
+            "",
+            "Kept records whose gold is the solution's last `\\boxed{}` while the solution boxes other,",
+            "non-equivalent answers too. The last box is usually the final answer; check these by hand.",
+            "",
+            "| split | record | index | gold (last box) | other boxed answers |",
+            "|---|---|---|---|---|",
+        ]
+        for name, item in rows:
+            others = "; ".join(f"`{_cell(other)}`" for other in item["other_boxed"])
+            lines.append(
+                f"| `{name}` | `{_cell(item['id'])}` | {item['index']} | `{_cell(item['answer'])}` | {others} |"
             )
     return "\n".join([*lines, ""])
 
@@ -116,7 +139,16 @@ def main(argv: list[str] | None = None) -> None:
         "quarantined": len(quarantined),
     }
     write_json(args.reports / "math_validation.json", report)
-    (args.reports / "math_validation.md").write_text(report_markdown(report), encoding="utf-8")
+    ambiguous = {name: split.ambiguous_golds for name, split in splits.items()}
+    for name, items in ambiguous.items():
+        if items:
+            log.warning(
+                "%s: %d golds read off a solution that boxes other answers too; listed in %s",
+                name,
+                len(items),
+                args.reports / "math_validation.md",
+            )
+    (args.reports / "math_validation.md").write_text(report_markdown(report, ambiguous), encoding="utf-8")
     for split in splits.values():
         split.check()  # after writing: the quarantine says what was wrong
 

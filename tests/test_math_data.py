@@ -9,7 +9,7 @@ import pytest
 import yaml
 from benchmark_paths import BENCHMARKS as BENCH
 
-from selfcest.data.math import MathValidationError, adapt_math_record, load_math_split
+from selfcest.data.math import MathValidationError, adapt_math_record, load_math_split, other_boxed_answers
 from selfcest.data.qa import QADataError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +42,33 @@ def test_real_records_in_one_schema(tmp_path: Path) -> None:
     assert set(aime25.report["expectations"]) == {
         "id_unique", "id_non_empty", "problem_chars", "answer_chars", "answer_scorable"
     }  # fmt: skip
+
+
+def _records_with_idx(path: Path, wanted: set[int]) -> str:
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    return "".join(line for line in lines if json.loads(line)["idx"] in wanted)
+
+
+def test_a_solution_that_boxes_other_answers_is_kept_and_listed_for_a_person(tmp_path: Path) -> None:
+    """Real MATH-Hard records: 333 boxes -3 before its gold 3, 2656 boxes -10879 before 10879; 28
+    boxes its answer twice, 4258 once in another form. Only the first two are listed, and all are
+    kept with the last box as gold; a record with an `answer` field is never listed."""
+    path = tmp_path / "math_hard.jsonl"
+    path.write_text(_records_with_idx(MATH_HARD, {28, 333, 2136, 2656, 4258}), encoding="utf-8")
+    split = load_math_split(str(path), source="math_hard")
+    assert len(split.records) == 5 and not split.quarantined
+    assert [(g["id"], g["answer"], g["other_boxed"]) for g in split.ambiguous_golds] == [
+        ("333", "3", ["-3"]),
+        ("2656", "10879", ["-10879"]),
+    ]
+    assert split.report["ambiguous_golds"] == 2
+    assert other_boxed_answers("\\boxed{\\frac12} so \\boxed{0.5}", "0.5") == []  # equivalent forms
+    with_answer = tmp_path / "with_answer.jsonl"
+    with_answer.write_text(
+        json.dumps({"idx": 1, "problem": "P", "solution": "\\boxed{-3} or \\boxed{3}", "answer": "3"}) + "\n",
+        encoding="utf-8",
+    )
+    assert load_math_split(str(with_answer), source="m").ambiguous_golds == []
 
 
 def test_bad_records_are_quarantined_with_the_field_and_reason(tmp_path: Path) -> None:
@@ -214,6 +241,22 @@ def test_stage_reads_local_and_s3_sources_and_writes_the_quarantine_before_stopp
     )
     assert not (tmp_path / "data/math/aime24_s3.jsonl").exists()  # a split no longer configured is gone
     assert "| `broken` |" in (tmp_path / "reports/math_validation.md").read_text()
+
+    golds = tmp_path / "golds.jsonl"
+    golds.write_text(_records_with_idx(MATH_HARD, {28, 333}), encoding="utf-8")
+    with caplog.at_level("WARNING", logger="prepare_math"):
+        prepare_math.main(
+            ["--params", str(_stage_params(tmp_path, {"golds": {"path": str(golds)}}, ["golds"]))]
+        )
+    assert "golds: 1 golds read off a solution that boxes other answers too" in caplog.text
+    assert (
+        json.loads((tmp_path / "reports/math_validation.json").read_text())["splits"]["golds"][
+            "ambiguous_golds"
+        ]
+        == 1
+    )
+    markdown = (tmp_path / "reports/math_validation.md").read_text()
+    assert "## Golds to check" in markdown and "| `golds` | `333` | 1 | `3` | `-3` |" in markdown
 
     unknown = _stage_params(tmp_path, sources, ["aime26"])
     with pytest.raises(ValueError, match="eval.splits.math names 'aime26', which has no path"):

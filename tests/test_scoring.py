@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfcest.scoring import (
+    all_boxed,
     extract_last_answer,
     last_boxed,
     math_equivalent,
@@ -186,6 +187,12 @@ def test_last_boxed(text: object, expected: str | None) -> None:
 def test_last_boxed_is_bounded() -> None:
     assert last_boxed("\\boxed{" + "{" * 100_000) is None
     assert last_boxed("\\boxed{" + "x" * 50 + "}", max_chars=10) is None
+
+
+def test_all_boxed_reads_every_box_in_order_and_skips_broken_ones() -> None:
+    text = "a \\boxed{1}, b \\fbox{x^{2}}, c $\\boxed 5$, d \\boxed{" + "y" * 50 + "} e \\boxed{3"
+    assert all_boxed(text, max_chars=20) == ["1", "x^{2}", "5"]  # too long and unbalanced: skipped
+    assert all_boxed("no box") == [] and all_boxed(None) == []
 
 
 def test_an_answer_line_after_a_box_is_the_answer() -> None:

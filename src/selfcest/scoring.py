@@ -163,6 +163,15 @@ def last_boxed(text: object, max_chars: int = 20_000) -> str | None:
     return _box_content(text, matches[-1].end(), max_chars) if matches else None
 
 
+def all_boxed(text: object, max_chars: int = 20_000) -> list[str]:
+    """Contents of every `\\boxed{...}` (or `\\fbox{...}`) in `text`, in order; unbalanced boxes and
+    boxes longer than `max_chars` are skipped (bounded work, as `last_boxed`)."""
+    if not isinstance(text, str):
+        return []
+    contents = (_box_content(text, match.end(), max_chars) for match in _BOXED_RE.finditer(text))
+    return [content for content in contents if content is not None]
+
+
 def last_non_empty_boxed(text: object, max_chars: int = 20_000) -> str | None:
     """Content of the last `\\boxed{...}` that has any: an empty box after the answer (a model that
     echoes "put your answer in \\boxed{}") does not hide it. None when no box has content, or when an

@@ -14,6 +14,11 @@ Two layers, as for QA (`selfcest.data.validation`):
 2. a Great Expectations suite over the split: ids unique and non-empty, problem and answer
    lengths within bounds, and every gold equivalent to itself under the project's math scorer
    (`scoring.math_equivalent`), since a gold that the scorer cannot parse can never be scored right.
+
+A gold read off a solution's last box is kept, but when the solution boxes other answers that are
+not equivalent to it (a solution that boxes a case's answer, then the final one; or the final one,
+then a check), the record is listed in `MathSplit.ambiguous_golds` for a person to look at: the last
+box is usually right, and quarantining those would drop sound problems from a curated benchmark.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 from selfcest.data.qa import QADataError, Quarantined, lone_surrogate_field, read_json_records, writable
 from selfcest.data.qa import _RecordError as RecordError
 from selfcest.param_checks import check_keys, fraction_setting, int_setting
-from selfcest.scoring import last_boxed, math_equivalent
+from selfcest.scoring import all_boxed, last_boxed, math_equivalent
 
 #: Bounds used when params give none.
 DEFAULT_MATH_LIMITS: dict[str, Any] = {
@@ -50,6 +55,9 @@ class MathSplit:
     records: list[dict[str, str]] = field(default_factory=list)
     quarantined: list[Quarantined] = field(default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
+    #: Kept records whose gold came from the solution's last box while other boxes of that solution
+    #: hold non-equivalent answers: `{"id", "index", "answer", "other_boxed"}`, to check by hand.
+    ambiguous_golds: list[dict[str, Any]] = field(default_factory=list)
 
     def check(self) -> None:
         """Raise MathValidationError when more than `max_invalid_fraction` of the file is invalid."""
@@ -104,6 +112,21 @@ def adapt_math_record(
         "answer": answer,
         "source": source,
     }
+
+
+def other_boxed_answers(solution: object, gold: str) -> list[str]:
+    """The distinct boxed answers of `solution` that are not equivalent to `gold` (in order)."""
+    others: list[str] = []
+    for content in all_boxed(solution):
+        answer = content.strip()
+        if (
+            answer
+            and answer != gold
+            and answer not in others
+            and not math_equivalent(f"\\boxed{{{answer}}}", gold)
+        ):
+            others.append(answer)
+    return others
 
 
 def math_record_id(
@@ -257,6 +280,13 @@ def load_math_split(
         for row in result["rows"]:
             failed.setdefault(row, []).append(f"expectation: {name}")
     for row, (index, record) in enumerate(adapted):
+        raw = data[index]
+        if row not in failed and not _text(raw, "answer"):  # the gold is the solution's last box
+            others = other_boxed_answers(raw.get("solution"), record["answer"])
+            if others:
+                out.ambiguous_golds.append(
+                    {"id": record["id"], "index": index, "answer": record["answer"], "other_boxed": others}
+                )
         if row in failed:
             out.quarantined.append(
                 Quarantined(
@@ -282,6 +312,7 @@ def load_math_split(
         "quarantined": len(out.quarantined),
         "invalid_fraction": invalid_fraction,
         "max_invalid_fraction": lim["max_invalid_fraction"],
+        "ambiguous_golds": len(out.ambiguous_golds),
         "expectations": expectation_summary(results),
     }
     if enforce:
