@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
 
     if threads:
         torch.set_num_threads(threads)
+    from selfcest.engine import accelerator_name
     from selfcest.evaluation import runtime_config_from_params
 
     imported = time.perf_counter()
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
         "device": device,
         "engine_calls": engine.stats.calls,
         # Where the cell ran (its timings are this machine's; `selfcest.reports.machine_lines`).
-        "machine": machine_description(),
+        "machine": {**machine_description(), "gpu": accelerator_name(device)},
     }
     write_json(
         out / "rows.json",

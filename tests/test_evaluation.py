@@ -512,7 +512,8 @@ def test_eval_and_report_stages_on_the_tiny_model(tiny_checkpoint: Path, tmp_pat
             assert sum(1 for _ in handle) == len(payload["rows"]) * 3
         timing = payload["timing"]
         assert timing["import_seconds"] >= 0 and timing["run_seconds"] > 0
-        assert set(timing["machine"]) == {"cpu_vendor", "cpu_model", "cpu_kernels", "torch"}
+        assert set(timing["machine"]) == {"cpu_vendor", "cpu_model", "cpu_kernels", "torch", "gpu"}
+        assert timing["machine"]["gpu"] is None  # a CPU cell
     # A math benchmark goes through its data stage first, as under DVC: prepare_math writes the
     # validated split that the cell reads.
     from stages import prepare_math

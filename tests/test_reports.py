@@ -1093,6 +1093,8 @@ def test_the_summary_names_the_machines_the_training_and_the_cells_ran_on(tmp_pa
     cells = tmp_path / "cells"
     rows = [r for r in strong_sweep() if r["method"] == "base"]
     write_cell(cells, "arithmetic", "ood", "warmup_model", rows, timing={"machine": amd})
+    h200 = dict(amd, gpu="NVIDIA H200")  # a cell on a GPU names its card: its wall times are that card's
+    write_cell(cells, "arithmetic", "ood", "selfcest_model", rows, timing={"machine": h200})
     out = tmp_path / "reports"
     out.mkdir()
     (out / "warmup.json").write_text(json.dumps({"steps": 3, "machine": intel}), encoding="utf-8")
@@ -1105,4 +1107,7 @@ def test_the_summary_names_the_machines_the_training_and_the_cells_ran_on(tmp_pa
     assert "- train_grpo@noclone: not recorded" in section
     assert "- train_grpo@selfcest: not recorded" in section  # no file at all
     assert "retired" not in section
-    assert "- evaluation cells: `AuthenticAMD` `EPYC`, ATen kernels `avx2`, torch 2.13.0" in section
+    assert (
+        "- evaluation cells: `AuthenticAMD` `EPYC`, ATen kernels `avx2`, torch 2.13.0; "
+        "`AuthenticAMD` `EPYC`, ATen kernels `avx2`, torch 2.13.0, GPU `NVIDIA H200`"
+    ) in section

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from scripted_policies import halving_policy, last_user
 
-from selfcest.engine import SamplingConfig, TransformersEngine
+from selfcest.engine import SamplingConfig, TransformersEngine, accelerator_name
 from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question
 from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task, _water_fill
 from selfcest.scripted import ScriptedEngine
@@ -930,3 +930,22 @@ def test_per_row_sampling_keeps_to_the_top_p_nucleus() -> None:
         int(wide(torch.zeros((4, 1), dtype=torch.long), scores.clone()).argmax(-1)[0]) for _ in range(60)
     }
     assert {0, 1} <= drawn
+
+
+def test_accelerator_name_names_the_gpu_of_a_cuda_device_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    assert accelerator_name("cpu") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert accelerator_name("cuda") is None  # no GPU visible
+    names = {0: "NVIDIA H200", 1: "NVIDIA H100 80GB HBM3"}
+
+    def device_name(device: torch.device) -> str:
+        if device.index not in (None, *names):
+            raise AssertionError("Invalid device id")  # what torch raises for an index past the GPUs
+        return names[device.index or 0]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", device_name)
+    assert accelerator_name("cuda") == "NVIDIA H200" and accelerator_name("cuda:1") == "NVIDIA H100 80GB HBM3"
+    assert accelerator_name("cuda:7") is None and accelerator_name("cpu") is None

@@ -117,6 +117,18 @@ _GENERATION_DEFAULTS = {
 }
 
 
+def accelerator_name(device: str) -> str | None:
+    """The GPU behind a torch `device` string ("cuda", "cuda:1"), as the driver names it; None on the
+    CPU or where torch sees no such GPU. An evaluation cell records it beside the CPU
+    (`selfcest.determinism.machine_description`), since its wall times are that card's."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    try:
+        return str(torch.cuda.get_device_name(torch.device(device)))
+    except (RuntimeError, AssertionError, ValueError):  # an index past the visible GPUs
+        return None
+
+
 def keyed_seed(seed: int, *key: int | str) -> int:
     """A 63-bit seed from `seed` and a key (the runtime's: task id, sample, copy, agent, turn), so that
     a request draws the same numbers whatever else shares its call. Strings enter by their sha256."""

@@ -869,7 +869,8 @@ def describe_machine(machine: Mapping[str, Any] | None) -> str:
     if not machine:
         return "not recorded"
     cpu = " ".join(f"`{machine[k]}`" for k in ("cpu_vendor", "cpu_model") if machine.get(k)) or "CPU not read"
-    return f"{cpu}, ATen kernels `{machine.get('cpu_kernels')}`, torch {machine.get('torch')}"
+    phrase = f"{cpu}, ATen kernels `{machine.get('cpu_kernels')}`, torch {machine.get('torch')}"
+    return f"{phrase}, GPU `{machine['gpu']}`" if machine.get("gpu") else phrase
 
 
 def machine_lines(training_machines: Mapping[str, Mapping[str, Any] | None], sweep: Sweep) -> list[str]:
