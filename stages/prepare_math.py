@@ -85,7 +85,7 @@ def report_markdown(report: dict[str, Any], ambiguous: dict[str, list[dict[str, 
     for name, split in report["splits"].items():
         lines.append(
             f"| `{name}` | `{split['file']}` | {split['total']} | {split['kept']} | {split['quarantined']} | "
-            f"{split['invalid_fraction']:.1%} | {split.get('ambiguous_golds', 0)} | `{split['sha256'][:16]}` |"
+            f"{split['invalid_fraction']:.1%} | {split['ambiguous_golds']} | `{split['sha256'][:16]}` |"
         )
     lines += ["", "| split | expectation | success | unexpected |", "|---|---|---|---|"]
     for name, split in report["splits"].items():

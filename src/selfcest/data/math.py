@@ -280,13 +280,6 @@ def load_math_split(
         for row in result["rows"]:
             failed.setdefault(row, []).append(f"expectation: {name}")
     for row, (index, record) in enumerate(adapted):
-        raw = data[index]
-        if row not in failed and not _text(raw, "answer"):  # the gold is the solution's last box
-            others = other_boxed_answers(raw.get("solution"), record["answer"])
-            if others:
-                out.ambiguous_golds.append(
-                    {"id": record["id"], "index": index, "answer": record["answer"], "other_boxed": others}
-                )
         if row in failed:
             out.quarantined.append(
                 Quarantined(
@@ -302,6 +295,18 @@ def load_math_split(
             )
         else:
             out.records.append(record)
+            raw = data[index]
+            if not _text(raw, "answer"):  # the gold is the solution's last box (`adapt_math_record`)
+                others = other_boxed_answers(raw.get("solution"), record["answer"])
+                if others:
+                    out.ambiguous_golds.append(
+                        {
+                            "id": record["id"],
+                            "index": index,
+                            "answer": record["answer"],
+                            "other_boxed": others,
+                        }
+                    )
     out.quarantined.sort(key=lambda q: q.index if q.index is not None else -1)
     total = len(data)
     invalid_fraction = len(out.quarantined) / total if total else 0.0
