@@ -3,8 +3,12 @@
     python benchmarks/warmup_skills.py artifacts/warmup_model [more checkpoint dirs]
 
 For choosing warm-up settings without looking at the claim splits:
-- QA delegation on `data/qa/validation.jsonl` (greedy, budget 128): accuracy, and how often the
-  root's first spawn hands the clone the first hop's paragraph key, and a later spawn the second's;
+- QA delegation on `data/qa/validation.jsonl` (greedy, budget 128): accuracy, how often the
+  root's first spawn hands the clone the first hop's paragraph key, and a later spawn the second's,
+  and where each wrong problem first went wrong (`qa_failure_stages`): the root's first key, the
+  hop-1 clone's reading, the root's copy of that clone's answer into the second key, or after that.
+  The second key's rate alone cannot tell a root that copies badly from a clone that read wrongly
+  (the root then copies a wrong name faithfully);
 - arithmetic on 96 train records that GRPO's seeded sample leaves out (the warm-up saw them, so
   this measures how well it kept the skill, not generalisation): monolithic by default, or with
   the spawn tool (`--arithmetic-mode delegate`, how a GRPO checkpoint is evaluated as `selfcest`);
@@ -19,6 +23,7 @@ import argparse
 import json
 import random
 import sys
+from collections import Counter
 from pathlib import Path
 
 from selfcest.determinism import pin_cpu_kernels
@@ -38,6 +43,7 @@ from selfcest.evaluation import (  # noqa: E402
 )
 from selfcest.model import load_model  # noqa: E402
 from selfcest.runtime import Episode  # noqa: E402
+from selfcest.scoring import normalize_answer  # noqa: E402
 from selfcest.tokenizer import load_tokenizer  # noqa: E402
 
 # The stages' own params and JSONL readers (OmegaConf: PyYAML reads `3e-05` as a string).
@@ -58,6 +64,30 @@ def hop_keys_copied(episode: Episode, hops: list[dict]) -> tuple[bool, bool]:
         hops[0]["paragraph_key"] in first[0].context_keys,
         len(hops) > 1 and any(hops[1]["paragraph_key"] in agent.context_keys for agent in later),
     )
+
+
+QA_FAILURE_STAGES = ("root_first_key", "hop1_clone_answer", "root_second_key", "after_second_spawn")
+
+
+def qa_failure_stage(episode: Episode, hops: list[dict]) -> str:
+    """Where a wrong multi-hop QA episode first left the gold path (one of `QA_FAILURE_STAGES`, or
+    `no_delegation` when the root spawned nothing). The first spawn must hold hop 1's paragraph key;
+    a clone of that spawn must then answer hop 1's answer (SQuAD-normalised); a later spawn must hold
+    hop 2's key; anything wrong after that (hop 2's clone, the root's final answer) is the last stage."""
+    clones = [agent for agent in episode.agents if agent.role != "root"]
+    if not clones:
+        return "no_delegation"
+    first_turn = min(agent.spawn_turn for agent in clones)
+    first = [agent for agent in clones if agent.spawn_turn == first_turn]
+    later = [agent for agent in clones if agent.spawn_turn != first_turn]
+    if not any(hops[0]["paragraph_key"] in agent.context_keys for agent in first):
+        return "root_first_key"
+    bridge = normalize_answer(hops[0]["answer"])
+    if not any(normalize_answer(agent.answer or "") == bridge for agent in first):
+        return "hop1_clone_answer"
+    if len(hops) > 1 and not any(hops[1]["paragraph_key"] in agent.context_keys for agent in later):
+        return "root_second_key"
+    return "after_second_spawn"
 
 
 def mean_generated(results: list[ProblemResult]) -> float:
@@ -103,6 +133,9 @@ def main() -> None:
         )
         qa_results, _ = evaluator.run(MethodSpec("delegate", mode="delegate"), qa, args.qa_budget)
         keys = [hop_keys_copied(r.episodes[0], hops[r.problem_id]) for r in qa_results]
+        stages = Counter(
+            qa_failure_stage(r.episodes[0], hops[r.problem_id]) for r in qa_results if not r.correct
+        )
         arithmetic_results, _ = evaluator.run(
             MethodSpec(args.arithmetic_mode, mode=args.arithmetic_mode), arithmetic, args.arithmetic_budget
         )
@@ -115,6 +148,7 @@ def main() -> None:
                     "qa_first_key_copied": sum(first for first, _ in keys) / n_qa,
                     "qa_second_key_copied": sum(second for _, second in keys) / n_qa,
                     "qa_validation_generated_tokens": round(mean_generated(qa_results), 1),
+                    "qa_failure_stages": {stage: stages[stage] for stage in sorted(stages)},
                     f"{args.arithmetic_split}_{args.arithmetic_mode}_accuracy": sum(
                         r.correct for r in arithmetic_results
                     )
