@@ -42,8 +42,8 @@ from selfcest.evaluation import (  # noqa: E402
     runtime_config_from_params,
 )
 from selfcest.model import load_model  # noqa: E402
-from selfcest.runtime import Episode  # noqa: E402
-from selfcest.scoring import normalize_answer  # noqa: E402
+from selfcest.runtime import AgentRecord, Episode  # noqa: E402
+from selfcest.scoring import qa_exact_match  # noqa: E402
 from selfcest.tokenizer import load_tokenizer  # noqa: E402
 
 # The stages' own params and JSONL readers (OmegaConf: PyYAML reads `3e-05` as a string).
@@ -52,14 +52,22 @@ from stages.common import load_params, read_jsonl  # noqa: E402
 from stages.train_grpo import TASK_FILES, grpo_records  # noqa: E402
 
 
-def hop_keys_copied(episode: Episode, hops: list[dict]) -> tuple[bool, bool]:
-    """(first spawn holds hop 1's key, a later spawn holds hop 2's key)."""
+def first_and_later_clones(episode: Episode) -> tuple[list[AgentRecord], list[AgentRecord]]:
+    """The clones of the earliest spawn turn, and every other clone (both empty: no delegation)."""
     clones = [agent for agent in episode.agents if agent.role != "root"]
     if not clones:
-        return False, False
+        return [], []
     first_turn = min(agent.spawn_turn for agent in clones)
     first = [agent for agent in clones if agent.spawn_turn == first_turn]
     later = [agent for agent in clones if agent.spawn_turn != first_turn]
+    return first, later
+
+
+def hop_keys_copied(episode: Episode, hops: list[dict]) -> tuple[bool, bool]:
+    """(first spawn holds hop 1's key, a later spawn holds hop 2's key)."""
+    first, later = first_and_later_clones(episode)
+    if not first:
+        return False, False
     return (
         hops[0]["paragraph_key"] in first[0].context_keys,
         len(hops) > 1 and any(hops[1]["paragraph_key"] in agent.context_keys for agent in later),
@@ -74,16 +82,12 @@ def qa_failure_stage(episode: Episode, hops: list[dict]) -> str:
     `no_delegation` when the root spawned nothing). The first spawn must hold hop 1's paragraph key;
     a clone of that spawn must then answer hop 1's answer (SQuAD-normalised); a later spawn must hold
     hop 2's key; anything wrong after that (hop 2's clone, the root's final answer) is the last stage."""
-    clones = [agent for agent in episode.agents if agent.role != "root"]
-    if not clones:
+    first, later = first_and_later_clones(episode)
+    if not first:
         return "no_delegation"
-    first_turn = min(agent.spawn_turn for agent in clones)
-    first = [agent for agent in clones if agent.spawn_turn == first_turn]
-    later = [agent for agent in clones if agent.spawn_turn != first_turn]
     if not any(hops[0]["paragraph_key"] in agent.context_keys for agent in first):
         return "root_first_key"
-    bridge = normalize_answer(hops[0]["answer"])
-    if not any(normalize_answer(agent.answer or "") == bridge for agent in first):
+    if not any(qa_exact_match(agent.answer, hops[0]["answer"]) for agent in first):
         return "hop1_clone_answer"
     if len(hops) > 1 and not any(hops[1]["paragraph_key"] in agent.context_keys for agent in later):
         return "root_second_key"
