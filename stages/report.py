@@ -45,18 +45,30 @@ REPORT_KEYS = (
 )
 
 
-def write_delegation_by_size(sweep: object, report: dict, path: Path) -> None:
-    """Delegation rate and clones per problem by problem size, before (prompted) and after RL."""
-    import csv
-
-    from selfcest.analysis import delegation_by_size
+def sweep_episode_records(sweep: Any) -> list[dict[str, Any]]:
+    """Every cell's per-problem records (`episodes.jsonl.gz`), read once for the analyses below."""
     from selfcest.reports import episode_records
 
-    methods = report.get("delegation_methods") or ["prompted", "selfcest", "selfcest-nogate"]
-    records = []
-    for directory in sweep.cell_dirs.values():  # type: ignore[attr-defined]
+    records: list[dict[str, Any]] = []
+    for directory in sweep.cell_dirs.values():
         records.extend(episode_records(directory / "episodes.jsonl.gz"))
-    rows = delegation_by_size(records, methods)
+    return records
+
+
+def write_csv(rows: list[dict[str, Any]], fields: list[str], path: Path) -> None:
+    import csv
+
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_delegation_by_size(records: list[dict[str, Any]], report: dict, path: Path) -> None:
+    """Delegation rate and clones per problem by problem size, before (prompted) and after RL."""
+    from selfcest.analysis import delegation_by_size
+
+    methods = report.get("delegation_methods") or ["prompted", "selfcest", "selfcest-nogate"]
     fields = [
         "dataset",
         "split",
@@ -69,10 +81,19 @@ def write_delegation_by_size(sweep: object, report: dict, path: Path) -> None:
         "accuracy",
         "gen_tokens",
     ]
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(delegation_by_size(records, methods), fields, path)
+
+
+def write_failure_anatomy(records: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """Where each method's wrong arithmetic answers first went wrong, per split and budget."""
+    from selfcest.analysis import FAILURE_KINDS, failure_anatomy
+
+    rows = failure_anatomy(records)
+    fields = ["split", "method", "budget", "n", "wrong", "wrong_alone", *FAILURE_KINDS]
+    for kind in ("part_steps", "combine_steps", "wide_combine_steps"):
+        fields += [kind, f"{kind}_right"]
+    write_csv(rows, fields, path)
+    return rows
 
 
 def type_guess_floors(sweep: Any, qa_data: Path) -> dict[str, float]:
@@ -131,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
 
     from selfcest import reports
+    from selfcest.analysis import failure_anatomy_markdown
     from selfcest.param_checks import check_keys
 
     params = load_params(args.params)
@@ -183,17 +205,23 @@ def main(argv: list[str] | None = None) -> None:
         reports.plot_benchmark(
             sweep.for_benchmark(name), name, plots / f"{name.replace('/', '_')}.png", method_order
         )
+    records = sweep_episode_records(sweep)
+    anatomy = write_failure_anatomy(records, out / "arithmetic_failures.csv")
+    summary = reports.summary_markdown(
+        sweep,
+        eval_params=eval_params,
+        settings=settings,
+        claims=claims,
+        method_order=method_order,
+        floors=floors,
+        training_machines=training_machines(args.training_reports or out, params),
+    )
+    arithmetic = settings.get("arithmetic")
+    anatomy_section = failure_anatomy_markdown(
+        anatomy, arithmetic.reference_budget if arithmetic else None, method_order
+    )
     (out / "summary.md").write_text(
-        reports.summary_markdown(
-            sweep,
-            eval_params=eval_params,
-            settings=settings,
-            claims=claims,
-            method_order=method_order,
-            floors=floors,
-            training_machines=training_machines(args.training_reports or out, params),
-        ),
-        encoding="utf-8",
+        summary.rstrip("\n") + ("\n\n" + anatomy_section if anatomy_section else "") + "\n", encoding="utf-8"
     )
     (out / "traces.html").write_text(
         reports.traces_html(
@@ -206,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         encoding="utf-8",
     )
-    write_delegation_by_size(sweep, report, out / "delegation_by_size.csv")
+    write_delegation_by_size(records, report, out / "delegation_by_size.csv")
     for name, items in claims.items():
         for claim in items:
             log.info("%s (%s): %s", name, claim.key, claim.verdict)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from expectations import REQUIRED_SWEEP_COLUMNS
 
-from selfcest.analysis import delegation_by_size, problem_size
+from selfcest.analysis import FAILURE_KINDS, delegation_by_size, problem_size
 from selfcest.data.qa import generate_synthetic, type_guess_accuracy
 from selfcest.reports import (
     AT_FLOOR,
@@ -676,7 +676,15 @@ def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
         for size, rate, clones in ((2, 0.5, 1.0), (3, 1.0, 3.5))
     ]
 
+    # Where the arithmetic answers went wrong: every cell's records placed, each wrong answer once.
+    with (out / "arithmetic_failures.csv").open(newline="") as handle:
+        anatomy = list(csv.DictReader(handle))
+    assert anatomy and {r["split"] for r in anatomy} == {"ood"}
+    for row in anatomy:
+        assert int(row["wrong"]) == sum(int(row[kind]) for kind in FAILURE_KINDS)
+
     summary = (out / "summary.md").read_text()
+    assert summary.count("## Where arithmetic answers go wrong") == 1 and summary.endswith("\n")
     missing_line = next(line for line in summary.splitlines() if line.startswith("- `arithmetic/ood`:"))
     assert "`noclone-grpo` (checkpoint `noclone_model` not found)" in missing_line  # missing, not a crash
     assert "`selfcest`" not in missing_line
