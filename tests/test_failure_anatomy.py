@@ -140,6 +140,14 @@ def test_a_clone_under_an_unknown_key_is_other_and_non_arithmetic_or_voting_reco
     assert arithmetic_audit(voting) is None
 
 
+def test_numbers_too_long_for_int_are_text_not_a_crash() -> None:
+    huge = "9" * 5000  # int() refuses strings of over 4,300 digits
+    agents = _tree(root_text=f"8+13={huge}\nAnswer: {huge}", root_answer=huge)
+    audit = arithmetic_audit(_record(agents))
+    assert audit is not None and audit["failure"] == "combine_readback"  # no step line: none read back
+    assert audit["combine_steps"] == [0, 0]
+
+
 def test_step_lines_are_counted_by_who_wrote_them() -> None:
     # the root's 38+15 (both operands of two digits) is wrong, its clones' steps right
     agents = [

@@ -62,8 +62,9 @@ def delegation_by_size(records: Iterable[Mapping[str, Any]], methods: Sequence[s
 # Why a parser of the agents' step lines and not a re-run: the sweep already holds every agent's text,
 # and the runtime cut each half from its parent's sum, so every agent's own sum is known without
 # running anything. Model text is parsed, never evaluated.
-_STEP = re.compile(r"^(-?\d+)([+-])(\d+)=(-?\d+)$")
-_INTEGER = re.compile(r"^-?\d+$")
+# Numbers of at most 40 digits: model text is untrusted, and int() refuses over 4,300 digits.
+_STEP = re.compile(r"^(-?\d{1,40})([+-])(\d{1,40})=(-?\d{1,40})$")
+_INTEGER = re.compile(r"^-?\d{1,40}$")
 # A step both of whose operands have two or more digits: the additions a tree's combining turns need
 # on long sums (two halves' sums) and that single-digit training sums seldom hold.
 WIDE_OPERAND = 10
