@@ -121,7 +121,7 @@ def _as_int(text: object) -> int | None:
     return int(value) if _INTEGER.match(value) else None
 
 
-def _step_lines(text: str) -> list[tuple[int, int, int]]:
+def step_lines(text: str) -> list[tuple[int, int, int]]:
     """`(a, signed b, c)` per `a+b=c` / `a-b=c` line, up to a thinking mode's `Check:` (whose lines
     repeat the ones before it)."""
     steps = []
@@ -178,7 +178,7 @@ def _failure_kind(
     if expr is None:
         return "other"
     turns = agent.get("turns") or []
-    steps = _step_lines(str(turns[-1].get("text", ""))) if turns else []
+    steps = step_lines(str(turns[-1].get("text", ""))) if turns else []
     if not children:
         kind = _chain_failure(steps, parse_terms(expr))
         return "answer_off_steps" if kind == "answer" else f"part_{kind}"
@@ -213,7 +213,7 @@ def arithmetic_audit(record: Mapping[str, Any]) -> dict[str, Any] | None:
     for agent in agents:
         turns = agent.get("turns") or []
         kind = "combine_steps" if agent.get("children") else "part_steps"
-        for a, b, c in _step_lines(str(turns[-1].get("text", ""))) if turns else []:
+        for a, b, c in step_lines(str(turns[-1].get("text", ""))) if turns else []:
             ok = int(c == a + b)
             counts[kind][0] += ok
             counts[kind][1] += 1

@@ -1,0 +1,78 @@
+"""Benchmark: the addition lines the warm-up teacher writes, by who writes them and how wide.
+
+    python benchmarks/teacher_lines.py [--params params.yaml]
+
+Builds the warm-up's conversations exactly as `stages/warmup.py` does (same records, seed, teacher
+settings and held-out expressions) and counts their `a+b=c` lines: those of agents solving a sum
+alone, and those of combining turns (an assistant turn right after a tool message: an agent adding
+its clones' answers), with how many of the latter add two numbers of two or more digits
+(`selfcest.analysis.WIDE_OPERAND`) and the largest operand's tens. Set beside
+`reports/arithmetic_failures.csv`: how much practice the warm-up gives the additions that the
+sweep's trees get wrong. No model runs; prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from selfcest.analysis import WIDE_OPERAND, step_lines
+from selfcest.teachers import build_warmup_conversations
+from selfcest.warmup import warmup_settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from stages.common import load_params, read_jsonl  # noqa: E402
+
+HELD_OUT = ("data/arithmetic/test.jsonl", "data/arithmetic/ood.jsonl")  # dvc.yaml's warm-up --held-out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", default="params.yaml")
+    args = parser.parse_args()
+    params = load_params(Path(args.params))
+    settings = warmup_settings(params["warmup"], seed=params["seed"])
+    qa_all = read_jsonl(Path("data/qa/train.jsonl"))
+    conversations = build_warmup_conversations(
+        read_jsonl(Path("data/arithmetic/train.jsonl")),
+        qa_all[: settings.qa_records],
+        seed=params["seed"],
+        config=settings.teacher,
+        qa_root_only_records=qa_all[
+            settings.qa_records : settings.qa_records + settings.qa_root_only_records
+        ],
+        held_out_expressions=[record["expr"] for path in HELD_OUT for record in read_jsonl(Path(path))],
+    )
+    alone, combining, wide = 0, 0, 0
+    largest_tens: Counter[int] = Counter()
+    for conversation in conversations:
+        messages = conversation["messages"]
+        for index, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            after_tool = index > 0 and messages[index - 1]["role"] == "tool"
+            for a, b, _ in step_lines(str(message["content"])):
+                if not after_tool:
+                    alone += 1
+                    continue
+                combining += 1
+                wide += abs(a) >= WIDE_OPERAND and abs(b) >= WIDE_OPERAND
+                largest_tens[max(abs(a), abs(b)) // 10] += 1
+    print(
+        json.dumps(
+            {
+                "conversations": len(conversations),
+                "alone_lines": alone,
+                "combining_lines": combining,
+                "wide_combining_lines": wide,
+                "combining_lines_by_largest_operand_tens": dict(sorted(largest_tens.items())),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
