@@ -80,6 +80,8 @@ RIGHT_CHAIN = "4+5=9\n9-3=6\n6+2=8\n8+6=14\n14-1=13\n13+7=20\n20+1=21"
         (_tree(root_text="8+13=20\nAnswer: 20", root_answer="20"), "combine_addition"),
         # the root adds a number no clone gave
         (_tree(root_text="8+12=20\nAnswer: 20", root_answer="20"), "combine_readback"),
+        # the root adds its clones' answers right, then goes on adding a term no clone answered
+        (_tree(root_text="8+13=21\n21+5=26\nAnswer: 26", root_answer="26"), "combine_readback"),
         # every step right, the answer another number
         (_tree(root_text="8+13=21\nAnswer: 2", root_answer="2"), "answer_off_steps"),
         # the second clone skips a term (-1); the root adds its wrong answer right: the clone is first

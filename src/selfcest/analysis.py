@@ -85,7 +85,8 @@ agent whose own work was wrong (its clones, if it had any, all right):
 - `protocol`: it gave no parseable answer, or its tool call failed;
 - `part_terms`: it solved its sum (or part) alone and its steps left out or changed a term;
 - `part_addition`: it solved alone, every term in place, and one addition was wrong;
-- `combine_readback`: its clones' answers were right and it added other numbers;
+- `combine_readback`: its clones' answers were right and its additions took other numbers than
+  theirs, or went on past them (adding terms that no clone answered);
 - `combine_addition`: it added its clones' right answers and got the sum wrong;
 - `answer_off_steps`: every step right, and its `Answer:` is not their result (for `thinking`: its
   `Check:` pass, which repeats the steps, ended elsewhere);
@@ -290,8 +291,8 @@ def failure_anatomy_markdown(
         "budget; `selfcest.analysis.failure_anatomy`). Each wrong answer is placed at the first agent, "
         "from the root down, whose own work was wrong while its clones' answers (if it had clones) were "
         "right: it was cut off, broke the protocol, solved its sum alone and left out or changed a "
-        "term (`alone: terms`) or added wrong (`alone: addition`), added numbers other than its "
-        "clones' answers (`combining: read-back`) or added them wrong (`combining: addition`), or "
+        "term (`alone: terms`) or added wrong (`alone: addition`), added other numbers than its "
+        "clones' answers or went on past them (`combining: read-back`) or added them wrong (`combining: addition`), or "
         "answered other than its steps' result (`answer off its steps`; `thinking`: its check pass). `wrong alone`: wrong answers whose "
         "root spawned no clone. The last three columns are the share of right `a+b=c` lines: by agents "
         "solving alone, by agents adding their clones' answers, and of the latter those adding two "
