@@ -94,27 +94,25 @@ agent whose own work was wrong (its clones, if it had any, all right):
   integers)."""
 
 
-def _descendant_expressions(
-    record: Mapping[str, Any], agents: Sequence[Mapping[str, Any]]
-) -> list[str | None]:
-    """Each agent's own sum: the root's is the question's; a clone's is the half its one key names,
-    cut from its parent's by `selfcest.halves.expression_halves` (as the runtime cut it)."""
-    from selfcest.halves import expression_halves
+def _agent_terms(record: Mapping[str, Any], agents: Sequence[Mapping[str, Any]]) -> list[list[int] | None]:
+    """Each agent's own terms: the root's are the question's, read as the runtime reads them
+    (`selfcest.halves.question_expression`); a clone's are those of the half its one key names, cut
+    from its parent's by `expression_halves` (as the runtime cut it). None where not known."""
+    from selfcest.halves import expression_halves, parse_terms, question_expression
 
-    match = _EXPRESSION.search(str(record.get("question", "")))
     by_id: dict[str, str | None] = {}
-    expressions: list[str | None] = []
+    terms: list[list[int] | None] = []
     for agent in agents:
         parent = agent.get("parent_id")
         if parent is None:
-            expr = match.group(1).replace(" ", "") if match else None
+            expr = question_expression(str(record.get("question", "")))
         else:
             keys = list(agent.get("context_keys") or [])
             parent_expr = by_id.get(str(parent))
             expr = expression_halves(parent_expr).get(keys[0]) if parent_expr and len(keys) == 1 else None
         by_id[str(agent.get("agent_id"))] = expr
-        expressions.append(expr)
-    return expressions
+        terms.append(parse_terms(expr) if expr is not None else None)
+    return terms
 
 
 def _as_int(text: object) -> int | None:
@@ -158,83 +156,75 @@ def _chain_failure(steps: Sequence[tuple[int, int, int]], terms: Sequence[int]) 
 def _failure_kind(
     index: int,
     agents: Sequence[Mapping[str, Any]],
-    expressions: Sequence[str | None],
+    terms: Sequence[list[int] | None],
+    steps: Sequence[list[tuple[int, int, int]]],
     right: Sequence[bool],
     depth: int = 0,
 ) -> str:
-    """The kind (`FAILURE_KINDS`) of the first wrong agent's own work below agent `index`, which is wrong."""
-    from selfcest.halves import parse_terms
-
+    """The kind (`FAILURE_KINDS`) of the first wrong agent's own work below agent `index`, which is
+    wrong; `terms` and `steps` are each agent's own terms and step lines."""
     agent = agents[index]
     children = [c for turn in agent.get("children") or [] for c in turn if 0 <= c < len(agents)]
     wrong = [c for c in children if not right[c]]
     if wrong and depth < len(agents):  # bounded: a tree has no more levels than agents
-        return _failure_kind(wrong[0], agents, expressions, right, depth + 1)
+        return _failure_kind(wrong[0], agents, terms, steps, right, depth + 1)
     status = agent.get("status")
     if status in ("budget_exhausted", "truncated"):
         return "cut_off"
     if status != "ok":
         return "protocol"
-    expr = expressions[index]
-    if expr is None:
+    own_terms = terms[index]
+    if own_terms is None:
         return "other"
-    turns = agent.get("turns") or []
-    steps = step_lines(str(turns[-1].get("text", ""))) if turns else []
     if not children:
-        kind = _chain_failure(steps, parse_terms(expr))
+        kind = _chain_failure(steps[index], own_terms)
         return "answer_off_steps" if kind == "answer" else f"part_{kind}"
     answers = [_as_int(agents[c].get("answer")) for c in children]
     if any(a is None for a in answers):
         return "other"
-    kind = _chain_failure(steps, answers)  # type: ignore[arg-type]
+    kind = _chain_failure(steps[index], answers)  # type: ignore[arg-type]
     return {"terms": "combine_readback", "addition": "combine_addition", "answer": "answer_off_steps"}[kind]
 
 
 def arithmetic_audit(record: Mapping[str, Any]) -> dict[str, Any] | None:
     """One arithmetic record's audit: `failure` (a `FAILURE_KINDS` entry; None when right), `alone`
-    (the root spawned no clone) and its
-    agents' step lines checked, `part_steps` (agents solving alone) and `combine_steps` (agents adding
-    their clones' answers) as `[right, all]`, `wide_combine_steps` those of the latter whose operands
-    both have two or more digits. None for a record that is not one single-episode arithmetic
-    problem (sc@k's votes have several)."""
+    (the root spawned no clone) and its agents' step lines checked, `part_steps` (agents solving
+    alone) and `combine_steps` (agents adding their clones' answers) as `[right, all]`,
+    `wide_combine_steps` those of the latter whose operands both have two or more digits. None for
+    a record that is not one single-episode arithmetic problem (sc@k's votes have several)."""
     episodes = record.get("episodes") or []
     if record.get("dataset") != "arithmetic" or len(episodes) != 1:
         return None
     agents = episodes[0].get("agents") or []
     if not agents:
         return None
-    expressions = _descendant_expressions(record, agents)
-    from selfcest.halves import parse_terms
-
-    right = []
-    for agent, expr in zip(agents, expressions, strict=True):
-        answer = _as_int(agent.get("answer"))
-        right.append(expr is not None and answer is not None and answer == sum(parse_terms(expr)))
+    terms = _agent_terms(record, agents)
+    steps = [step_lines(str(turns[-1].get("text", ""))) if (turns := a.get("turns")) else [] for a in agents]
+    right = [
+        own is not None and _as_int(agent.get("answer")) == sum(own)
+        for agent, own in zip(agents, terms, strict=True)
+    ]
     counts = {"part_steps": [0, 0], "combine_steps": [0, 0], "wide_combine_steps": [0, 0]}
-    for agent in agents:
-        turns = agent.get("turns") or []
+    for agent, agent_steps in zip(agents, steps, strict=True):
         kind = "combine_steps" if agent.get("children") else "part_steps"
-        for a, b, c in step_lines(str(turns[-1].get("text", ""))) if turns else []:
+        for a, b, c in agent_steps:
             ok = int(c == a + b)
             counts[kind][0] += ok
             counts[kind][1] += 1
             if kind == "combine_steps" and abs(a) >= WIDE_OPERAND and abs(b) >= WIDE_OPERAND:
                 counts["wide_combine_steps"][0] += ok
                 counts["wide_combine_steps"][1] += 1
-    failure = None if float(record.get("correct") or 0) > 0 else _failure_kind(0, agents, expressions, right)
+    failure = None if float(record.get("correct") or 0) > 0 else _failure_kind(0, agents, terms, steps, right)
     return {"failure": failure, "alone": not agents[0].get("children"), **counts}
 
 
-def failure_anatomy(
-    records: Iterable[Mapping[str, Any]], methods: Sequence[str] | None = None
-) -> list[dict[str, Any]]:
+def failure_anatomy(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per arithmetic (split, method, budget): n, wrong answers (`wrong_alone`: those whose root
-    spawned no clone) by where they first went wrong (`FAILURE_KINDS`), and the share of right step lines in parts solved alone, in combining turns,
-    and in combining turns adding two numbers of two or more digits (`*_steps`: how many lines)."""
+    spawned no clone) by where they first went wrong (`FAILURE_KINDS`), and the share of right step
+    lines in parts solved alone, in combining turns, and in combining turns adding two numbers of two
+    or more digits (`*_steps`: how many lines)."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
-        if methods is not None and record.get("method") not in methods:
-            continue
         audit = arithmetic_audit(record)
         if audit is not None:
             groups[(record["split"], record["method"], int(record["budget"]))].append(audit)
