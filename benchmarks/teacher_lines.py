@@ -2,9 +2,9 @@
 
     python benchmarks/teacher_lines.py [--params params.yaml]
 
-Builds the warm-up's conversations exactly as `stages/warmup.py` does (same records, seed, teacher
-settings and held-out expressions) and counts their `a+b=c` lines: those of agents solving a sum
-alone, and those of combining turns (an assistant turn right after a tool message: an agent adding
+Builds the warm-up's conversations with the function that `stages/warmup.py` calls
+(`selfcest.warmup.warmup_conversations`: same records, seed, teacher settings and held-out
+expressions) and counts their `a+b=c` lines: those of agents solving a sum alone, and those of combining turns (an assistant turn right after a tool message: an agent adding
 its clones' answers), with how many of the latter add two numbers of two or more digits
 (`selfcest.analysis.WIDE_OPERAND`) and the largest operand's tens. Set beside
 `reports/arithmetic_failures.csv`: how much practice the warm-up gives the additions that the
@@ -20,13 +20,11 @@ from collections import Counter
 from pathlib import Path
 
 from selfcest.analysis import WIDE_OPERAND, step_lines
-from selfcest.teachers import build_warmup_conversations
-from selfcest.warmup import warmup_settings
+from selfcest.warmup import warmup_conversations, warmup_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stages.common import load_params, read_jsonl  # noqa: E402
-
-HELD_OUT = ("data/arithmetic/test.jsonl", "data/arithmetic/ood.jsonl")  # dvc.yaml's warm-up --held-out
+from stages.warmup import HELD_OUT_SPLITS  # noqa: E402
 
 
 def main() -> None:
@@ -34,17 +32,14 @@ def main() -> None:
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args()
     params = load_params(Path(args.params))
-    settings = warmup_settings(params["warmup"], seed=params["seed"])
-    qa_all = read_jsonl(Path("data/qa/train.jsonl"))
-    conversations = build_warmup_conversations(
-        read_jsonl(Path("data/arithmetic/train.jsonl")),
-        qa_all[: settings.qa_records],
+    conversations = warmup_conversations(
+        warmup_settings(params["warmup"], seed=params["seed"]),
         seed=params["seed"],
-        config=settings.teacher,
-        qa_root_only_records=qa_all[
-            settings.qa_records : settings.qa_records + settings.qa_root_only_records
+        arithmetic_records=read_jsonl(Path("data/arithmetic/train.jsonl")),
+        qa_train_records=read_jsonl(Path("data/qa/train.jsonl")),
+        held_out_expressions=[
+            record["expr"] for path in HELD_OUT_SPLITS for record in read_jsonl(Path(path))
         ],
-        held_out_expressions=[record["expr"] for path in HELD_OUT for record in read_jsonl(Path(path))],
     )
     alone, combining, wide = 0, 0, 0
     largest_tens: Counter[int] = Counter()

@@ -15,12 +15,14 @@ from pathlib import Path
 from selfcest.checkpoints import checkpoint_sha256s, code_sha256, fingerprint, write_model_card
 from selfcest.determinism import machine_description
 from selfcest.model import load_model
-from selfcest.teachers import build_warmup_conversations
 from selfcest.tokenizer import load_tokenizer
-from selfcest.warmup import run_warmup, tokenize_conversations, warmup_settings
+from selfcest.warmup import run_warmup, tokenize_conversations, warmup_conversations, warmup_settings
 from stages.common import SUPPORT_FILES, file_sha256, load_params, read_jsonl, setup_logging, write_json
 
 log = logging.getLogger("warmup")
+
+# The arithmetic splits held out of the clones' conversations by default (dvc.yaml passes none).
+HELD_OUT_SPLITS = ("data/arithmetic/test.jsonl", "data/arithmetic/ood.jsonl")
 
 
 def main() -> None:
@@ -32,7 +34,7 @@ def main() -> None:
     parser.add_argument(
         "--held-out",
         nargs="*",
-        default=["data/arithmetic/test.jsonl", "data/arithmetic/ood.jsonl"],
+        default=list(HELD_OUT_SPLITS),
         help="arithmetic splits whose expressions no clone conversation may ask (decontamination)",
     )
     parser.add_argument("--out", default="artifacts/warmup_model")
@@ -60,18 +62,14 @@ def main() -> None:
             f"warmup.teacher.arithmetic_delegation is {settings.teacher.arithmetic_delegation!r} but "
             f"runtime.expression_halves is {halves}: set halves with true, chunks with false"
         )
-    config, qa_records, qa_root_only = settings.training, settings.qa_records, settings.qa_root_only_records
+    config = settings.training
     tokenizer = load_tokenizer(args.init)
     model = load_model(args.init, dtype="float32")
-    arithmetic = read_jsonl(args.arithmetic)
-    qa_all = read_jsonl(args.qa)
-    qa = qa_all[:qa_records]
-    conversations = build_warmup_conversations(
-        arithmetic,
-        qa,
+    conversations = warmup_conversations(
+        settings,
         seed=params["seed"],
-        config=settings.teacher,
-        qa_root_only_records=qa_all[qa_records : qa_records + qa_root_only],
+        arithmetic_records=read_jsonl(args.arithmetic),
+        qa_train_records=read_jsonl(args.qa),
         held_out_expressions=[record["expr"] for path in args.held_out for record in read_jsonl(path)],
     )
     dataset = tokenize_conversations(conversations, tokenizer, config.max_length)

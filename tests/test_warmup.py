@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+from selfcest.data.qa import SyntheticSplitConfig, synthetic_record
 from selfcest.model import load_model
 from selfcest.teachers import build_warmup_conversations
 from selfcest.warmup import (
@@ -21,6 +23,7 @@ from selfcest.warmup import (
     WarmupConfig,
     run_warmup,
     tokenize_conversations,
+    warmup_conversations,
     warmup_settings,
 )
 from stages.common import load_params
@@ -94,6 +97,46 @@ def test_warmup_settings_read_the_committed_params_and_refuse_unknown_keys() -> 
         warmup_settings({**warmup, "max_stepz": 3}, seed=7)
     with pytest.raises(TypeError, match="chunk_size"):
         warmup_settings({**warmup, "teacher": {"chunk_size": [2]}}, seed=7)
+
+
+def test_warmup_conversations_read_full_then_root_only_qa_records_and_hold_sums_out() -> None:
+    """The stage's (and `benchmarks/teacher_lines.py`'s) conversations: the first `qa_records` QA
+    records in full, the next `qa_root_only_records` as roots only, the rest unread; no clone asks a
+    held-out sum."""
+    rng = random.Random(3)
+    qa = [synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=i) for i in range(5)]
+    settings = warmup_settings(
+        {"qa_records": 2, "qa_root_only_records": 2, "teacher": {"qa_reading_drills": 0}}, seed=0
+    )
+    arithmetic = [{"expr": "3+4-2"}, {"expr": "5-1+7+2"}, {"expr": "9-8+1"}]
+    conversations = warmup_conversations(
+        settings,
+        seed=11,
+        arithmetic_records=arithmetic,
+        qa_train_records=qa,
+        held_out_expressions=["5-1+7+2"],
+    )
+    assert conversations == build_warmup_conversations(
+        arithmetic,
+        qa[:2],
+        seed=11,
+        config=settings.teacher,
+        qa_root_only_records=qa[2:4],
+        held_out_expressions=["5-1+7+2"],
+    )
+    everything = "\n".join(m["content"] for c in conversations for m in c["messages"] if m["role"] == "user")
+    assert all(record["question"] in everything for record in qa[:4])
+    assert qa[4]["question"] not in everything  # past both counts: not read
+    roots = [c for c in conversations if c["kind"] == "qa_root"]
+    assert len(roots) == 4 and sum(c["kind"] == "qa_mono" for c in conversations) <= 2
+    clone_questions = [
+        m["content"]
+        for c in conversations
+        if "clone" in c["kind"]
+        for m in c["messages"]
+        if m["role"] == "user"
+    ]
+    assert clone_questions and not any("5-1+7+2" in q for q in clone_questions)
 
 
 def test_warmup_loss_and_gradients_are_trls_on_the_same_batch(

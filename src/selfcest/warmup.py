@@ -23,7 +23,7 @@ from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from selfcest.checkpoints import CsvLogCallback, prepare_run_dir
-from selfcest.teachers import TeacherConfig
+from selfcest.teachers import TeacherConfig, build_warmup_conversations
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,30 @@ def warmup_settings(warmup: Mapping[str, Any], *, seed: int) -> WarmupSettings:
         teacher=TeacherConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in teacher.items()}),
         qa_records=qa_records,
         qa_root_only_records=qa_root_only_records,
+    )
+
+
+def warmup_conversations(
+    settings: WarmupSettings,
+    *,
+    seed: int,
+    arithmetic_records: Sequence[Mapping[str, Any]],
+    qa_train_records: Sequence[Mapping[str, Any]],
+    held_out_expressions: Sequence[str],
+) -> list[dict[str, Any]]:
+    """The warm-up's conversations, as `stages/warmup.py` trains on them: the first
+    `settings.qa_records` QA train records give all their conversations, the next
+    `settings.qa_root_only_records` their root's only; no clone asks a `held_out_expressions` sum.
+    One function, so that a benchmark that counts what the teacher wrote (`benchmarks/teacher_lines.py`)
+    reads the very conversations the warm-up trained on."""
+    qa_records, root_only = settings.qa_records, settings.qa_root_only_records
+    return build_warmup_conversations(
+        arithmetic_records,
+        qa_train_records[:qa_records],
+        seed=seed,
+        config=settings.teacher,
+        qa_root_only_records=qa_train_records[qa_records : qa_records + root_only],
+        held_out_expressions=held_out_expressions,
     )
 
 
