@@ -27,6 +27,11 @@ Fresh expressions from the active arithmetic profile's generator in `params.yaml
   delegation that the copy look-up does not limit. `oracle_clones_right`: the share of those first
   clones that answer their chunk's sum. A diagnostic, never a method: no eval cell runs it.
 
+`--operand-digits MIN MAX` draws operands of that many digits instead of the profile's, and each line
+gives `root_prompt_tokens`, the mean length of the root's prompt (the position of its first token):
+with wider operands the same number of terms makes a longer prompt, which separates what a length
+does to the root's choice by the number of terms from what it does by the prompt's length.
+
 `--attention-scale TAU` multiplies every attention logit of the checkpoint by TAU (an inference-time
 attention temperature, as length-extrapolation methods use to keep a longer context's look-ups
 sharp), by scaling the weight of each layer's query RMSNorm (`q_norm`): Qwen3 normalises queries
@@ -214,6 +219,13 @@ def main() -> None:
         help="also run delegation with the teacher's first spawn in place of the root's (a diagnostic)",
     )
     parser.add_argument(
+        "--operand-digits",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="digits per operand instead of the profile's (a longer prompt with the same number of terms)",
+    )
+    parser.add_argument(
         "--attention-scale",
         type=float,
         default=1.0,
@@ -223,6 +235,8 @@ def main() -> None:
     torch.set_num_threads(1)
     params = load_params(Path(args.params))
     generator = active_generator(params)
+    if args.operand_digits:
+        generator = replace(generator, operand_digits=tuple(args.operand_digits))
     tokenizer, model = load_tokenizer(args.checkpoint), load_model(args.checkpoint, device=args.device).eval()
     if args.attention_scale != 1.0:
         scale_attention_logits(model, args.attention_scale)
@@ -252,12 +266,18 @@ def main() -> None:
         ]
         spawned = [flag for flag in exact if flag is not None]
         count = len(problems)
+        roots = [result.episodes[0].agents[0] for result in delegate]
+        prompt_tokens = [
+            root.generated_mask.index(1) if 1 in root.generated_mask else len(root.token_ids)
+            for root in roots
+        ]
         line = {
             "operators": num_operators,
             "problems": count,
             "monolithic_accuracy": round(sum(r.correct for r in monolithic) / count, 3),
             "delegate_accuracy": round(sum(r.correct for r in delegate) / count, 3),
             "delegation_rate": round(len(spawned) / count, 3),
+            "root_prompt_tokens": round(sum(prompt_tokens) / count, 1),  # where the root's first token is
             # halves are cut by the runtime, not copied: no chunk to check
             "exact_chunks": round(sum(spawned) / len(spawned), 3) if spawned and not halved else None,
         }
