@@ -5,7 +5,8 @@
 Builds the warm-up's conversations with the function that `stages/warmup.py` calls
 (`selfcest.warmup.warmup_conversations`: same records, seed, teacher settings and held-out
 expressions) and counts their `a+b=c` lines: those of agents solving a sum alone, and those of
-combining turns (an assistant turn right after a tool message: an agent adding its clones' answers), with how many of the latter add two numbers of two or more digits
+combining turns (an assistant turn right after a tool message: an agent adding its clones'
+answers), with how many of the latter add two numbers of two or more digits
 (`selfcest.analysis.WIDE_OPERAND`) and the largest operand's tens. Set beside
 `reports/arithmetic_failures.csv`: how much practice the warm-up gives the additions that the
 sweep's trees get wrong. No model runs; prints one JSON line.
