@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from selfcest import checkpoints
 from selfcest.checkpoints import (
     FINGERPRINT_FILE,
     fingerprint,
@@ -64,7 +63,7 @@ def _installed(monkeypatch: pytest.MonkeyPatch, **versions: str | None) -> None:
             raise importlib.metadata.PackageNotFoundError(name)
         return versions[name]
 
-    monkeypatch.setattr(checkpoints.importlib.metadata, "version", version)
+    monkeypatch.setattr(importlib.metadata, "version", version)
 
 
 def test_a_library_upgrade_between_kill_and_rerun_starts_the_run_over(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.metadata
 import json
 import logging
 import re
@@ -15,6 +14,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from selfcest.determinism import installed_version
 from selfcest.hashing import file_sha256
 
 log = logging.getLogger(__name__)
@@ -87,13 +87,7 @@ def checkpoint_sha256s(checkpoint: Path | str) -> dict[str, str | None]:
 def library_versions() -> dict[str, str | None]:
     """The installed version of each of `LIBRARIES` (`importlib.metadata`, so nothing is imported),
     None for one that is not installed."""
-    versions: dict[str, str | None] = {}
-    for name in LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+    return {name: installed_version(name) for name in LIBRARIES}
 
 
 def fingerprint(payload: Mapping[str, Any]) -> str:

@@ -31,31 +31,37 @@ PINNED_CAPABILITY = "avx2"
 OPT_OUT_VARIABLE = "SELFCEST_CPU_KERNELS"
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where it cannot be read."""
+def _cpuinfo_fields(cpuinfo: Path) -> list[tuple[str, str]]:
+    """(name, value) of every `name : value` line of /proc/cpuinfo (Linux), in order; empty where it
+    cannot be read. One reader for the flags and the identity below."""
     try:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return set()
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == "flags":
-            return set(value.split())
-    return set()
+        return []
+    return [(name.strip(), value) for name, _, value in (line.partition(":") for line in text.splitlines())]
+
+
+def installed_version(distribution: str) -> str | None:
+    """A distribution's installed version (`importlib.metadata`, so nothing is imported), None when
+    it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where it cannot be read."""
+    return next((set(value.split()) for name, value in _cpuinfo_fields(cpuinfo) if name == "flags"), set())
 
 
 def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str | None]:
     """The CPU's vendor (`GenuineIntel`, `AuthenticAMD`) and model name from /proc/cpuinfo (Linux),
     None where they cannot be read."""
     found: dict[str, str | None] = {"vendor_id": None, "model name": None}
-    try:
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in found and found[name.strip()] is None:
-            found[name.strip()] = value.strip() or None
+    for name, value in _cpuinfo_fields(cpuinfo):
+        if name in found and found[name] is None:
+            found[name] = value.strip() or None
     return {"cpu_vendor": found["vendor_id"], "cpu_model": found["model name"]}
 
 
@@ -71,15 +77,11 @@ def machine_description(
     which kind a run came from. Not for model cards: DVC hashes those with the weights, and the two
     AMD kinds' identical weights would look like different checkpoints."""
     environ = os.environ if environ is None else environ
-    try:
-        torch_version: str | None = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        torch_version = None
     return {
         **cpu_identity(cpuinfo),
         # What ATen reads at import (`pin_cpu_kernels`); unset means torch's own choice.
         "cpu_kernels": environ.get(KERNEL_VARIABLE) or "native",
-        "torch": torch_version,
+        "torch": installed_version("torch"),
     }
 
 
