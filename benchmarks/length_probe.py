@@ -70,6 +70,7 @@ from selfcest.evaluation import (  # noqa: E402
     problem_from_record,
     runtime_config_from_params,
 )
+from selfcest.grpo import agent_row  # noqa: E402
 from selfcest.halves import HALF_KEYS, expression_halves  # noqa: E402
 from selfcest.model import load_model  # noqa: E402
 from selfcest.prompts import ROOT_SYSTEM_PROMPT, arithmetic_question  # noqa: E402
@@ -266,11 +267,7 @@ def main() -> None:
         ]
         spawned = [flag for flag in exact if flag is not None]
         count = len(problems)
-        roots = [result.episodes[0].agents[0] for result in delegate]
-        prompt_tokens = [
-            root.generated_mask.index(1) if 1 in root.generated_mask else len(root.token_ids)
-            for root in roots
-        ]
+        prompt_tokens = [len(agent_row(result.episodes[0].agents[0])[0]) for result in delegate]
         line = {
             "operators": num_operators,
             "problems": count,
