@@ -28,6 +28,9 @@ from selfcest.reports import (
     NOT_CHECKED,
     TIES_ONLY,
     WITHIN_NOISE,
+    Settings,
+    Sweep,
+    build_metrics,
     check_claims,
     checkpoint_weights,
     claim_beats_base,
@@ -639,7 +642,7 @@ def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
     )
 
     metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics) == {"benchmarks", "claims"}
+    assert set(metrics) == {"benchmarks", "claims", "paired"}
     arith = metrics["benchmarks"]["arithmetic/ood"]
     assert arith["reference_budget"] == 200 and arith["methods"]["selfcest"]["accuracy"] == 0.7
     assert 0.0 < arith["methods"]["base"]["auc"] < arith["methods"]["selfcest"]["auc"] < 1.0
@@ -654,6 +657,11 @@ def test_report_stage_on_synthetic_cells(tmp_path: Path) -> None:
         "d_weak": 0,
     }
     assert metrics["claims"]["qa/test"] == {}  # nothing to check without selfcest
+    # (c)'s sign-test counts at the reference budget, for `selfcest spread` to pool; not (a)'s
+    assert metrics["paired"] == {
+        "arithmetic/ood": {"c": {"budget": 200, "for": 0, "against": 0}},
+        "qa/test": {},
+    }
     assert metrics["benchmarks"]["qa/test"]["type_guess_floor"] == 0.25
     assert "type_guess_floor" not in arith
 
@@ -849,6 +857,16 @@ def test_claims_a_and_c_give_the_paired_interval_of_their_gap() -> None:
     assert low <= 0 < high and (differ, wins, losses, p_value) == (1, 1, 0, 1.0)  # one problem: noise
     without = check_claims(strong_sweep(), roles=ROLES, budgets=BUDGETS, reference_budget=200)
     assert "bootstrap" not in without[0].detail + without[2].detail
+    # metrics.json keeps (c)'s counts at the reference budget for `selfcest spread` to pool, and
+    # leaves out (a)'s, taken at the budget of the largest gap (chosen after the run)
+    rows = [dict(r, dataset="arithmetic", split="ood", benchmark="arithmetic/ood") for r in strong_sweep()]
+    sweep = Sweep(rows, cells=[])
+    settings = {"arithmetic": Settings(budgets=list(BUDGETS), reference_budget=200, auc_max_tokens=400.0)}
+    paired = build_metrics(sweep, settings=settings, claims={"arithmetic/ood": claims})["paired"]
+    assert paired == {"arithmetic/ood": {"c": {"budget": 200, "for": 1, "against": 0}}}
+    assert build_metrics(sweep, settings=settings, claims={"arithmetic/ood": without})["paired"] == {
+        "arithmetic/ood": {}
+    }
 
 
 def test_paired_gap_pairs_problems_by_id() -> None:

@@ -4,6 +4,7 @@ a real DVC experiment (`dvc exp run -S seed=43`), as a reviewer compares seeds."
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -202,3 +203,52 @@ def test_spread_names_a_claims_caveat_row_and_counts_it_over_the_runs_where_the_
     ]
     assert row.endswith("| `qa/test` | 0 | 1 | - | 1 of 2 held with a caveat |")
     assert "a_weak" not in table
+
+
+def _with_paired(metrics: dict, **counts: tuple[int, int, int]) -> dict:
+    """A copy of `metrics` whose `paired` holds claim (c)'s (budget, for, against) per benchmark
+    (`arithmetic_ood=...`), or no `paired` at all without counts (a run from before the key)."""
+    copy = json.loads(json.dumps(metrics))
+    copy.pop("paired", None)
+    if counts:
+        copy["paired"] = {
+            name.replace("_", "/", 1): {"c": {"budget": b, "for": w, "against": lo}}
+            for name, (b, w, lo) in counts.items()
+        }
+    return copy
+
+
+def test_spread_pools_claim_c_sign_tests_over_the_runs_that_kept_them() -> None:
+    """Seed 42's 8 for / 10 against and seed 43's 25 / 4 are one exact test of 33 against 14; a run
+    whose metrics.json predates `paired` is shown as `-` and left out, not counted as 0 / 0."""
+    metrics = _committed_metrics()
+    runs = {
+        "s42": _with_paired(metrics, arithmetic_ood=(256, 8, 10)),
+        "old": _with_paired(metrics),
+        "s43": _with_paired(metrics, arithmetic_ood=(256, 25, 4), qa_test=(128, 0, 0)),
+    }
+    table = spread_markdown(runs)
+    section = table.split("## Claim (c) pooled over the runs", 1)[1]
+    [arith] = [line for line in section.splitlines() if "`arithmetic/ood` at 256" in line]
+    p_value = 2 * sum(math.comb(47, i) for i in range(15)) / 2**47
+    assert (
+        arith
+        == f"| (c) selfcest beats prompted | `arithmetic/ood` at 256 | 8 / 10 | - | 25 / 4 | 33 / 14 over 2 runs | {p_value:.3g} |"
+    )
+    [qa] = [line for line in section.splitlines() if "`qa/test` at 128" in line]
+    assert qa.endswith("| - | - | 0 / 0 | 0 / 0 over 1 run | 1 |")
+    # no run with counts: no section
+    assert "pooled" not in spread_markdown({"a": _with_paired(metrics), "b": _with_paired(metrics)})
+    # counts taken at different budgets are not one test
+    with pytest.raises(ValueError, match=r"arithmetic/ood: claim \(c\)'s paired counts .*a: 256, b: 512"):
+        spread_markdown(
+            {
+                "a": _with_paired(metrics, arithmetic_ood=(256, 1, 0)),
+                "b": _with_paired(metrics, arithmetic_ood=(512, 1, 0)),
+            }
+        )
+    # a malformed entry is named with its run
+    bad = _with_paired(metrics, arithmetic_ood=(256, 1, 0))
+    bad["paired"]["arithmetic/ood"]["c"]["for"] = -1
+    with pytest.raises(ValueError, match=r"run1:m.json: paired\['arithmetic/ood'\]\['c'\] is not"):
+        read_metrics(json.dumps(bad), "run1:m.json")

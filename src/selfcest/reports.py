@@ -406,6 +406,10 @@ class Claim:
     """Why a claim that holds as stated is weak evidence (WITHIN_NOISE, BELOW_MARGIN, TIES_ONLY,
     EQUAL_ACCURACY, AT_FLOOR),
     so that the summary's verdict says it next to HOLDS instead of leaving it to the reader."""
+    evidence: PairedEvidence | None = None
+    """(a), (c): the paired comparison the detail quotes, where per-problem outcomes were at hand."""
+    evidence_budget: int | None = None
+    """The budget `evidence` compares the two methods at."""
 
     @property
     def verdict(self) -> str:
@@ -483,6 +487,8 @@ def claim_beats_base(
         status,
         f"largest gap {100 * gaps[best]:+.1f} pts at budget {best}{evidence.text if evidence else ''}. {detail}",
         caveat,
+        evidence,
+        best,
     )
 
 
@@ -584,7 +590,9 @@ def claim_beats_prompted(
         )
     noisy = better and evidence is not None and not evidence.significant
     caveat = EQUAL_ACCURACY if tie_cheaper else (WITHIN_NOISE if noisy else "")
-    return Claim("c", statement, HOLDS if better or tie_cheaper else FAILS, detail, caveat)
+    return Claim(
+        "c", statement, HOLDS if better or tie_cheaper else FAILS, detail, caveat, evidence, reference_budget
+    )
 
 
 def claim_critical_path(
@@ -762,7 +770,12 @@ def build_metrics(
     budget and the frontier areas over generated and over critical-path tokens (`auc`,
     `auc_critical`: claim (d)'s cost); per claim benchmark, 1 or 0 per checked claim (unchecked
     claims are left out) and, for a claim that holds, `<key>_weak` 1 when its verdict carries a
-    caveat (`gap within noise`, ...), so that a diff shows a claim weakening as well as failing."""
+    caveat (`gap within noise`, ...), so that a diff shows a claim weakening as well as failing.
+
+    `paired` holds, per claim benchmark, claim (c)'s sign-test counts at the reference budget
+    (`for`: problems only selfcest got right, `against`: only prompted), so that `selfcest spread`
+    can pool them over seeds into one exact test. (a)'s counts are left out: its budget is the
+    largest gap's, chosen after the run, so pooling them would add up favourable choices."""
     out: dict[str, Any] = {"benchmarks": {}}
     for name in sweep.benchmarks():
         rows = sweep.for_benchmark(name)
@@ -792,7 +805,19 @@ def build_metrics(
         }
         for name, items in claims.items()
     }
+    out["paired"] = {
+        name: {
+            c.key: {"budget": c.evidence_budget, "for": c.evidence.wins, "against": c.evidence.losses}
+            for c in items
+            if c.key in POOLABLE_CLAIMS and c.evidence is not None
+        }
+        for name, items in claims.items()
+    }
     return out
+
+
+POOLABLE_CLAIMS = ("c",)
+"""Claims whose paired evidence is taken at a budget fixed before the run (metrics.json `paired`)."""
 
 
 def plot_benchmark(

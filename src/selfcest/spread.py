@@ -4,8 +4,8 @@ One run of the tiny default profile is one seed: other seeds move single accurac
 points (docs/results.md, "other seeds"). `dvc exp show` lists each run's `reports/metrics.json`
 side by side, one column per number (four splits x nine methods x two numbers, and the claims);
 this module reduces the same files to what a reviewer asks of several runs: per split, each
-method's accuracy at the reference budget in every run with its mean and range, and in how many
-runs each claim held. It reads only `metrics.json` contents (`selfcest.reports.build_metrics`);
+method's accuracy at the reference budget in every run with its mean and range, in how many
+runs each claim held, and claim (c)'s per-run sign tests pooled into one exact test. It reads only `metrics.json` contents (`selfcest.reports.build_metrics`);
 where they come from (git revisions, DVC experiments) is the caller's business.
 """
 
@@ -15,6 +15,8 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from selfcest.stats import sign_test_p
 
 CLAIM_NAMES = {
     "a": "(a) selfcest beats base by the margin",
@@ -41,6 +43,19 @@ def read_metrics(text: str, source: str) -> dict[str, Any]:
     claims = metrics.get("claims", {})
     if not isinstance(claims, dict) or not all(isinstance(v, dict) for v in claims.values()):
         raise ValueError(f"{source}: 'claims' is not a mapping of benchmark -> {{claim: 0 or 1}}")
+    # `paired` is newer than the other keys: a run from before it has none and is left out of the pool.
+    paired = metrics.get("paired", {})
+    if not isinstance(paired, dict) or not all(isinstance(v, dict) for v in paired.values()):
+        raise ValueError(f"{source}: 'paired' is not a mapping of benchmark -> {{claim: counts}}")
+    for name, per_claim in paired.items():
+        for key, counts in per_claim.items():
+            fields = [
+                counts.get(f) if isinstance(counts, dict) else None for f in ("budget", "for", "against")
+            ]
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in fields):
+                raise ValueError(
+                    f"{source}: paired[{name!r}][{key!r}] is not {{budget, for, against}} as whole numbers >= 0"
+                )
     return metrics
 
 
@@ -121,7 +136,52 @@ def spread_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
                 claim = f"{CLAIM_NAMES.get(base, base)}: with a caveat (1) where it held"
                 held += " held with a caveat"
             lines.append(f"| {claim} | `{name}` | {cells} | {held} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _pooled_lines(runs, labels, benchmarks)) + "\n"
+
+
+def _pooled_lines(
+    runs: Mapping[str, Mapping[str, Any]], labels: list[str], benchmarks: list[str]
+) -> list[str]:
+    """Claim (c)'s sign tests pooled over the runs that recorded them (metrics.json `paired`).
+
+    One run's test on 200 problems rests on the few where the two methods differ (18 on seed 42's
+    `arithmetic/ood`); several runs' discordant problems, added up, are one exact test of whether RL
+    beats the model it starts from as a procedure, not in one draw. Under H0 each discordant problem
+    is a fair coin in every run, so the pooled counts are too, provided the runs are independent."""
+    table: list[str] = []
+    for name in benchmarks:
+        for key in sorted({k for label in labels for k in runs[label].get("paired", {}).get(name, {})}):
+            counts = {label: runs[label].get("paired", {}).get(name, {}).get(key) for label in labels}
+            present = {label: c for label, c in counts.items() if c is not None}
+            budgets = {c["budget"] for c in present.values()}
+            if len(budgets) > 1:
+                raise ValueError(
+                    f"benchmark {name}: claim ({key})'s paired counts were taken at different budgets ("
+                    + ", ".join(f"{label}: {c['budget']}" for label, c in present.items())
+                    + "), so they cannot be pooled"
+                )
+            wins = sum(c["for"] for c in present.values())
+            losses = sum(c["against"] for c in present.values())
+            cells = " | ".join("-" if c is None else f"{c['for']} / {c['against']}" for c in counts.values())
+            table.append(
+                f"| {CLAIM_NAMES.get(key, key)} | `{name}` at {budgets.pop()} | {cells} | "
+                f"{wins} / {losses} over {len(present)} run{'s' * (len(present) != 1)} | {sign_test_p(wins, losses):.3g} |"
+            )
+    if not table:
+        return []
+    return [
+        "",
+        "## Claim (c) pooled over the runs (exact sign test)",
+        "",
+        "Problems only `selfcest` got right / only `prompted` got right at the reference budget, per run,",
+        "then added up. Pooling treats the runs as independent draws: runs that share their test",
+        "problems and their warm-up (the same seed) are not. `-`: the run has no counts there (the",
+        "claim was not checked, or its metrics.json predates them); it is left out of the pool.",
+        "",
+        "| claim | benchmark | " + " | ".join(f"`{label}`" for label in labels) + " | pooled | p |",
+        "|---|---|" + "---|" * (len(labels) + 2),
+        *table,
+    ]
 
 
 def _short_ref(revision: str | None, revisions: Sequence[str | None]) -> str:

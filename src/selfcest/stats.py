@@ -76,8 +76,17 @@ def sign_test(ours: Mapping[str, float], theirs: Mapping[str, float]) -> tuple[i
     shared = set(ours) & set(theirs)
     wins = sum(1 for key in shared if ours[key] > theirs[key])
     losses = sum(1 for key in shared if ours[key] < theirs[key])
+    return wins, losses, sign_test_p(wins, losses)
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """Exact two-sided p of `wins` against `losses` discordant pairs under H0: each is a fair coin
+    (p = 1 without a discordant pair). Counts may be pooled over independent runs
+    (`selfcest.spread`): the pooled discordant pairs are still fair coins under H0."""
+    if wins < 0 or losses < 0:
+        raise ValueError(f"sign test counts must be >= 0, got {wins} wins and {losses} losses")
     discordant = wins + losses
     if discordant == 0:
-        return 0, 0, 1.0
+        return 1.0
     tail = sum(math.comb(discordant, i) for i in range(min(wins, losses) + 1)) / 2**discordant
-    return wins, losses, min(1.0, 2.0 * tail)
+    return min(1.0, 2.0 * tail)
