@@ -25,7 +25,7 @@ from selfcest.warmup import warmup_conversations, warmup_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stages.common import load_params, read_jsonl  # noqa: E402
-from stages.warmup import HELD_OUT_SPLITS  # noqa: E402
+from stages.warmup import HELD_OUT_SPLITS, held_out_expressions  # noqa: E402
 
 
 def main() -> None:
@@ -35,12 +35,9 @@ def main() -> None:
     params = load_params(Path(args.params))
     conversations = warmup_conversations(
         warmup_settings(params["warmup"], seed=params["seed"]),
-        seed=params["seed"],
         arithmetic_records=read_jsonl(Path("data/arithmetic/train.jsonl")),
         qa_train_records=read_jsonl(Path("data/qa/train.jsonl")),
-        held_out_expressions=[
-            record["expr"] for path in HELD_OUT_SPLITS for record in read_jsonl(Path(path))
-        ],
+        held_out_expressions=held_out_expressions(HELD_OUT_SPLITS),
     )
     alone, combining, wide = 0, 0, 0
     largest_tens: Counter[int] = Counter()

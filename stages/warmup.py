@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from selfcest.checkpoints import checkpoint_sha256s, code_sha256, fingerprint, write_model_card
@@ -23,6 +24,11 @@ log = logging.getLogger("warmup")
 
 # The arithmetic splits held out of the clones' conversations by default (dvc.yaml passes none).
 HELD_OUT_SPLITS = ("data/arithmetic/test.jsonl", "data/arithmetic/ood.jsonl")
+
+
+def held_out_expressions(paths: Iterable[Path | str]) -> list[str]:
+    """The sums of the arithmetic split files at `paths`, which no clone conversation may ask."""
+    return [record["expr"] for path in paths for record in read_jsonl(Path(path))]
 
 
 def main() -> None:
@@ -67,10 +73,9 @@ def main() -> None:
     model = load_model(args.init, dtype="float32")
     conversations = warmup_conversations(
         settings,
-        seed=params["seed"],
         arithmetic_records=read_jsonl(args.arithmetic),
         qa_train_records=read_jsonl(args.qa),
-        held_out_expressions=[record["expr"] for path in args.held_out for record in read_jsonl(path)],
+        held_out_expressions=held_out_expressions(args.held_out),
     )
     dataset = tokenize_conversations(conversations, tokenizer, config.max_length)
     kinds: dict[str, int] = {}

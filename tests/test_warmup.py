@@ -106,12 +106,11 @@ def test_warmup_conversations_read_full_then_root_only_qa_records_and_hold_sums_
     rng = random.Random(3)
     qa = [synthetic_record(rng, SyntheticSplitConfig(count=1), split="train", index=i) for i in range(5)]
     settings = warmup_settings(
-        {"qa_records": 2, "qa_root_only_records": 2, "teacher": {"qa_reading_drills": 0}}, seed=0
+        {"qa_records": 2, "qa_root_only_records": 2, "teacher": {"qa_reading_drills": 0}}, seed=11
     )
     arithmetic = [{"expr": "3+4-2"}, {"expr": "5-1+7+2"}, {"expr": "9-8+1"}]
     conversations = warmup_conversations(
         settings,
-        seed=11,
         arithmetic_records=arithmetic,
         qa_train_records=qa,
         held_out_expressions=["5-1+7+2"],

@@ -102,7 +102,6 @@ def warmup_settings(warmup: Mapping[str, Any], *, seed: int) -> WarmupSettings:
 def warmup_conversations(
     settings: WarmupSettings,
     *,
-    seed: int,
     arithmetic_records: Sequence[Mapping[str, Any]],
     qa_train_records: Sequence[Mapping[str, Any]],
     held_out_expressions: Sequence[str],
@@ -110,13 +109,13 @@ def warmup_conversations(
     """The warm-up's conversations, as `stages/warmup.py` trains on them: the first
     `settings.qa_records` QA train records give all their conversations, the next
     `settings.qa_root_only_records` their root's only; no clone asks a `held_out_expressions` sum.
-    One function, so that a benchmark that counts what the teacher wrote (`benchmarks/teacher_lines.py`)
+    The teacher's draws follow the run's seed (`settings.training.seed`). One function, so that a benchmark that counts what the teacher wrote (`benchmarks/teacher_lines.py`)
     reads the very conversations the warm-up trained on."""
     qa_records, root_only = settings.qa_records, settings.qa_root_only_records
     return build_warmup_conversations(
         arithmetic_records,
         qa_train_records[:qa_records],
-        seed=seed,
+        seed=settings.training.seed,
         config=settings.teacher,
         qa_root_only_records=qa_train_records[qa_records : qa_records + root_only],
         held_out_expressions=held_out_expressions,
