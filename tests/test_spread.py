@@ -252,3 +252,31 @@ def test_spread_pools_claim_c_sign_tests_over_the_runs_that_kept_them() -> None:
     bad["paired"]["arithmetic/ood"]["c"]["for"] = -1
     with pytest.raises(ValueError, match=r"run1:m.json: paired\['arithmetic/ood'\]\['c'\] is not"):
         read_metrics(json.dumps(bad), "run1:m.json")
+
+
+def test_spread_reads_runs_kept_as_metrics_files_with_their_params_beside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run recorded outside git's history (docs/seed_runs/) is given as its metrics file: named by
+    its folder, its seed read from the params.yaml beside it; two folders of one name keep their paths."""
+    metrics = _committed_metrics()
+    paths = []
+    for folder, seed, counts in (("a/seed43", 43, (256, 25, 4)), ("b/seed43", 44, (256, 11, 13))):
+        run = tmp_path / folder
+        run.mkdir(parents=True)
+        (run / "metrics.json").write_text(
+            json.dumps(_with_paired(metrics, arithmetic_ood=counts)), encoding="utf-8"
+        )
+        (run / "params.yaml").write_text(f"seed: {seed}\n", encoding="utf-8")
+        paths.append(str(run / "metrics.json"))
+    assert cli_main(["spread", "HEAD", paths[0], "--repo", str(REPO)]) == 0
+    table = capsys.readouterr().out
+    assert "Runs: `HEAD (seed 42)`, `seed43 (seed 43)`." in table
+    assert cli_main(["spread", *paths]) == 0
+    table = capsys.readouterr().out
+    assert f"Runs: `{paths[0]} (seed 43)`, `{paths[1]} (seed 44)`." in table
+    assert "| 25 / 4 | 11 / 13 | 36 / 17 over 2 runs |" in table
+    # a malformed file is named by its path
+    Path(paths[1]).write_text("{", encoding="utf-8")
+    assert cli_main(["spread", *paths]) == 2
+    assert f"{paths[1]}: not JSON" in capsys.readouterr().err

@@ -196,11 +196,20 @@ def _seeds_at(repo: Path, revision: str | None, params: str) -> list[int]:
     run, but more than one shows a run whose stages did not share its seed: `dvc exp run -S seed=N`
     writes `${seed}` resolved, so a second `-S seed=M` on that workspace changes the top-level seed
     alone."""
+    try:
+        text = read_revision(repo, revision, params)
+    except FileNotFoundError:
+        return []
+    return _seeds_in(text, f"{revision or 'workspace'}:{params}")
+
+
+def _seeds_in(text: str, source: str) -> list[int]:
+    """`_seeds_at`'s values from a params file's text; none when it is not YAML."""
     from selfcest.profiles import ProfileError, read_yaml
 
     try:
-        values = read_yaml(read_revision(repo, revision, params), f"{revision or 'workspace'}:{params}")
-    except (FileNotFoundError, ProfileError):
+        values = read_yaml(text, source)
+    except ProfileError:
         return []
     seeds: list[int] = []
     pending = [values]
@@ -221,10 +230,32 @@ def cmd_spread(args: argparse.Namespace) -> int:
 
     repo = Path(args.repo)
     revisions = [None if rev == "workspace" else rev for rev in args.revisions]
+    # A run given as a metrics file (a record of a run kept outside git's history, such as
+    # docs/seed_runs/): its seed labels come from a params.yaml beside it.
+    files = {rev: Path(rev) for rev in args.revisions if rev.endswith(".json") and Path(rev).is_file()}
+
+    def seeds(rev: str | None) -> list[int]:
+        if rev in files:
+            beside = files[rev].parent / Path(args.params).name
+            return _seeds_in(beside.read_text(encoding="utf-8"), str(beside)) if beside.is_file() else []
+        return _seeds_at(repo, rev, args.params)
+
+    def metrics_text(rev: str | None) -> str:
+        return (
+            files[rev].read_text(encoding="utf-8") if rev in files else read_revision(repo, rev, args.metrics)
+        )
+
+    # A file's run is named by its folder (`seed43`), or by its path where that name is taken.
+    short = {rev: path.parent.name for rev, path in files.items()}
+    taken = [short.get(rev, rev or "workspace") for rev in revisions]
+    names = [
+        short[rev] if rev in short and taken.count(short[rev]) == 1 and short[rev] else rev
+        for rev in revisions
+    ]
     try:
-        labels = run_labels(revisions, [_seeds_at(repo, rev, args.params) for rev in revisions])
+        labels = run_labels(names, [seeds(rev) for rev in revisions])
         runs = {
-            label: read_metrics(read_revision(repo, rev, args.metrics), f"{label}:{args.metrics}")
+            label: read_metrics(metrics_text(rev), rev if rev in files else f"{label}:{args.metrics}")
             for label, rev in zip(labels, revisions, strict=True)
         }
         table = spread_markdown(runs)
@@ -308,8 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     spread.add_argument(
         "revisions",
         nargs="+",
-        help="two or more git revisions (a commit, a branch, a DVC experiment's ref from "
-        "`git for-each-ref refs/exps`); `workspace` is the working tree's file",
+        help="two or more runs: git revisions (a commit, a branch, a DVC experiment's ref from "
+        "`git for-each-ref refs/exps`), `workspace` (the working tree's file), or a metrics file "
+        "(a path ending in .json, its seed read from a params.yaml beside it; e.g. docs/seed_runs/)",
     )
     spread.add_argument("--repo", default=".", help="the repository (default: the current directory)")
     spread.add_argument(

@@ -114,6 +114,9 @@ def spread_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
     lines += [
         "## Claims (1 holds, 0 does not, - not checked or not in the run)",
         "",
+        "A `with a caveat` row says how a claim held: 1 with a caveat (a gap within noise, ...), 0",
+        "without one, - where it did not hold. `reports/summary.md` names each run's caveats.",
+        "",
         "| claim | benchmark | " + " | ".join(f"`{label}`" for label in labels) + " | held |",
         "|---|---|" + "---|" * (len(labels) + 1),
     ]
