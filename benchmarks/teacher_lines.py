@@ -20,8 +20,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from selfcest.analysis import WIDE_OPERAND, step_lines
-from selfcest.warmup import warmup_conversations, warmup_settings
+from selfcest.determinism import pin_cpu_kernels
+
+pin_cpu_kernels()  # before torch loads (selfcest.warmup imports it), as the stages do
+
+from selfcest.analysis import WIDE_OPERAND, step_lines  # noqa: E402
+from selfcest.warmup import warmup_conversations, warmup_settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stages.common import load_params, read_jsonl  # noqa: E402
