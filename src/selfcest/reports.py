@@ -758,6 +758,10 @@ def sort_rows(
     )
 
 
+POOLABLE_CLAIMS = ("c",)
+"""Claims whose paired evidence is taken at a budget fixed before the run (metrics.json `paired`)."""
+
+
 def build_metrics(
     sweep: Sweep,
     *,
@@ -814,10 +818,6 @@ def build_metrics(
         for name, items in claims.items()
     }
     return out
-
-
-POOLABLE_CLAIMS = ("c",)
-"""Claims whose paired evidence is taken at a budget fixed before the run (metrics.json `paired`)."""
 
 
 def plot_benchmark(

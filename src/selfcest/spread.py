@@ -5,8 +5,9 @@ points (docs/results.md, "other seeds"). `dvc exp show` lists each run's `report
 side by side, one column per number (four splits x nine methods x two numbers, and the claims);
 this module reduces the same files to what a reviewer asks of several runs: per split, each
 method's accuracy at the reference budget in every run with its mean and range, in how many
-runs each claim held, and claim (c)'s per-run sign tests pooled into one exact test. It reads only `metrics.json` contents (`selfcest.reports.build_metrics`);
-where they come from (git revisions, DVC experiments) is the caller's business.
+runs each claim held, and claim (c)'s per-run sign tests pooled into one exact test. It reads only
+`metrics.json` contents (`selfcest.reports.build_metrics`); where they come from (git revisions,
+DVC experiments, files) is the caller's business.
 """
 
 from __future__ import annotations

@@ -109,8 +109,9 @@ def warmup_conversations(
     """The warm-up's conversations, as `stages/warmup.py` trains on them: the first
     `settings.qa_records` QA train records give all their conversations, the next
     `settings.qa_root_only_records` their root's only; no clone asks a `held_out_expressions` sum.
-    The teacher's draws follow the run's seed (`settings.training.seed`). One function, so that a benchmark that counts what the teacher wrote (`benchmarks/teacher_lines.py`)
-    reads the very conversations the warm-up trained on."""
+    The teacher's draws follow the run's seed (`settings.training.seed`). One function, so that a
+    benchmark that counts what the teacher wrote (`benchmarks/teacher_lines.py`) reads the very
+    conversations the warm-up trained on."""
     qa_records, root_only = settings.qa_records, settings.qa_root_only_records
     return build_warmup_conversations(
         arithmetic_records,
