@@ -273,10 +273,59 @@ def test_spread_reads_runs_kept_as_metrics_files_with_their_params_beside(
     table = capsys.readouterr().out
     assert "Runs: `HEAD (seed 42)`, `seed43 (seed 43)`." in table
     assert cli_main(["spread", *paths]) == 0
-    table = capsys.readouterr().out
+    table, errors = capsys.readouterr()
     assert f"Runs: `{paths[0]} (seed 43)`, `{paths[1]} (seed 44)`." in table
+    assert "note: the pooled test assumes independent runs" not in errors  # seeds 43 and 44
+    assert cli_main(["spread", "HEAD", "workspace", paths[0], "--repo", str(REPO)]) == 0
+    assert "these share their seeds: HEAD (seed 42) and workspace (seed 42)" in capsys.readouterr().err
     assert "| 25 / 4 | 11 / 13 | 36 / 17 over 2 runs |" in table
     # a malformed file is named by its path
     Path(paths[1]).write_text("{", encoding="utf-8")
     assert cli_main(["spread", *paths]) == 2
     assert f"{paths[1]}: not JSON" in capsys.readouterr().err
+
+
+def test_spread_refuses_one_run_under_two_names_and_names_files_apart_from_git_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pooling counts a run once: a file spelt two ways, or a branch and the commit it points at,
+    is refused. A file whose folder is named like a git run (a branch, `workspace`) keeps its path;
+    a `.json` argument that is neither a file nor a revision says so."""
+    metrics = _committed_metrics()
+    repo = tmp_path / "repo"
+    (repo / "reports").mkdir(parents=True)
+    (repo / "reports" / "metrics.json").write_text(json.dumps(metrics), encoding="utf-8")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "run")
+    _git(repo, "branch", "seed43")
+    for folder in ("runs/seed43", "runs/workspace"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "metrics.json").write_text(json.dumps(metrics), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    common = ["--repo", str(repo)]
+    assert cli_main(["spread", "runs/seed43/metrics.json", "./runs/seed43/metrics.json", *common]) == 2
+    assert "the same run given twice: runs/seed43/metrics.json and ./runs/seed43/metrics.json" in (
+        capsys.readouterr().err
+    )
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    assert cli_main(["spread", "seed43", head, *common]) == 2
+    assert f"the same run given twice: seed43 and {head}" in capsys.readouterr().err
+    files = ["runs/seed43/metrics.json", "runs/workspace/metrics.json"]
+    assert cli_main(["spread", "seed43", *files, *common]) == 0
+    assert (
+        "Runs: `seed43`, `runs/seed43/metrics.json`, `runs/workspace/metrics.json`."
+        in capsys.readouterr().out
+    )
+    assert cli_main(["spread", "seed43", "runs/nope/metrics.json", *common]) == 2
+    assert "runs/nope/metrics.json: no such metrics file (relative to" in capsys.readouterr().err
+    # a paired count away from the benchmark's reference budget is refused where the file is read
+    off = _with_paired(metrics, arithmetic_ood=(512, 1, 0))
+    with pytest.raises(
+        ValueError, match=r"paired\['arithmetic/ood'\]\['c'\] is at budget 512: not its reference"
+    ):
+        read_metrics(json.dumps(off), "m.json")
+    stray = _with_paired(metrics, arithmetic_ood=(256, 1, 0))
+    stray["paired"]["math/aime24"] = stray["paired"].pop("arithmetic/ood")
+    with pytest.raises(ValueError, match="at budget 256: no such benchmark"):
+        read_metrics(json.dumps(stray), "m.json")

@@ -11,6 +11,7 @@ import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -225,14 +226,63 @@ def _seeds_in(text: str, source: str) -> list[int]:
     return seeds
 
 
+def _commit_of(repo: Path, revision: str) -> str | None:
+    """The commit a git revision names in `repo`, or None when it names none."""
+    result = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
+
+def _spread_files(repo: Path, arguments: Sequence[str]) -> dict[str, Path]:
+    """The runs given as metrics files: arguments ending in `.json` that name a file (relative to
+    the current directory, since such records live outside git's history; a file shadows a
+    revision of the same name). One that names neither a file nor a revision is a FileNotFoundError
+    that says so, instead of git's complaint about an unknown revision."""
+    files = {}
+    for argument in arguments:
+        if argument.endswith(".json"):
+            if Path(argument).is_file():
+                files[argument] = Path(argument)
+            elif _commit_of(repo, argument) is None:
+                raise FileNotFoundError(
+                    f"{argument}: no such metrics file (relative to {Path.cwd()}) and no git revision in {repo}"
+                )
+    return files
+
+
+def _refuse_repeated_runs(repo: Path, arguments: Sequence[str], files: Mapping[str, Path]) -> None:
+    """The same run under two names (a path spelt twice, a branch and its commit) would count its
+    sign tests twice in the pooled test: a ValueError naming both."""
+    seen: dict[tuple[str, str], str] = {}
+    for argument in arguments:
+        if argument in files:
+            key = ("file", str(files[argument].resolve()))
+        elif argument == "workspace":
+            key = ("workspace", "")
+        else:
+            key = ("commit", _commit_of(repo, argument) or argument)
+        if key in seen:
+            raise ValueError(f"the same run given twice: {seen[key]} and {argument}")
+        seen[key] = argument
+
+
 def cmd_spread(args: argparse.Namespace) -> int:
-    from selfcest.spread import read_metrics, run_labels, spread_markdown
+    from selfcest.spread import read_metrics, run_labels, short_ref, spread_markdown
 
     repo = Path(args.repo)
     revisions = [None if rev == "workspace" else rev for rev in args.revisions]
-    # A run given as a metrics file (a record of a run kept outside git's history, such as
-    # docs/seed_runs/): its seed labels come from a params.yaml beside it.
-    files = {rev: Path(rev) for rev in args.revisions if rev.endswith(".json") and Path(rev).is_file()}
+    try:
+        # A run given as a metrics file (a record of a run kept outside git's history, such as
+        # docs/seed_runs/): its seed labels come from a params.yaml beside it.
+        files = _spread_files(repo, args.revisions)
+        _refuse_repeated_runs(repo, args.revisions, files)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
     def seeds(rev: str | None) -> list[int]:
         if rev in files:
@@ -245,15 +295,24 @@ def cmd_spread(args: argparse.Namespace) -> int:
             files[rev].read_text(encoding="utf-8") if rev in files else read_revision(repo, rev, args.metrics)
         )
 
-    # A file's run is named by its folder (`seed43`), or by its path where that name is taken.
-    short = {rev: path.parent.name for rev, path in files.items()}
-    taken = [short.get(rev, rev or "workspace") for rev in revisions]
+    # A file's run is named by its folder (`seed43`), or by its path where another run (a branch,
+    # an experiment's short name, `workspace`, another file's folder) has that name.
+    git_revisions = [rev for rev in revisions if rev not in files]
+    git_names = {short_ref(rev, git_revisions) if rev else "workspace" for rev in git_revisions} | {
+        "workspace"
+    }
+    folders = [path.parent.name for path in files.values()]
     names = [
-        short[rev] if rev in short and taken.count(short[rev]) == 1 and short[rev] else rev
+        files[rev].parent.name
+        if rev in files
+        and files[rev].parent.name not in git_names
+        and folders.count(files[rev].parent.name) == 1
+        else rev
         for rev in revisions
     ]
     try:
-        labels = run_labels(names, [seeds(rev) for rev in revisions])
+        run_seeds = [seeds(rev) for rev in revisions]
+        labels = run_labels(names, run_seeds)
         runs = {
             label: read_metrics(metrics_text(rev), rev if rev in files else f"{label}:{args.metrics}")
             for label, rev in zip(labels, revisions, strict=True)
@@ -262,6 +321,18 @@ def cmd_spread(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    shared = [
+        f"{labels[i]} and {labels[j]}"
+        for i in range(len(labels))
+        for j in range(i + 1, len(labels))
+        if run_seeds[i] and run_seeds[i] == run_seeds[j]
+    ]
+    if shared and "## Claim (c) pooled" in table:
+        # Two commits at one seed are the usual review; their pooled test is not independent.
+        print(
+            f"note: the pooled test assumes independent runs, and these share their seeds: {'; '.join(shared)}",
+            file=sys.stderr,
+        )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(table, encoding="utf-8")
@@ -341,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         help="two or more runs: git revisions (a commit, a branch, a DVC experiment's ref from "
         "`git for-each-ref refs/exps`), `workspace` (the working tree's file), or a metrics file "
-        "(a path ending in .json, its seed read from a params.yaml beside it; e.g. docs/seed_runs/)",
+        "(a path ending in .json, relative to the current directory, which shadows a revision of that "
+        "name; its seed is read from a params.yaml beside it; e.g. docs/seed_runs/)",
     )
     spread.add_argument("--repo", default=".", help="the repository (default: the current directory)")
     spread.add_argument(

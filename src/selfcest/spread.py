@@ -57,6 +57,10 @@ def read_metrics(text: str, source: str) -> dict[str, Any]:
                 raise ValueError(
                     f"{source}: paired[{name!r}][{key!r}] is not {{budget, for, against}} as whole numbers >= 0"
                 )
+            # (c)'s counts are taken at the benchmark's reference budget, which the accuracies use too
+            if name not in benchmarks or fields[0] != benchmarks[name]["reference_budget"]:
+                where = "no such benchmark" if name not in benchmarks else "not its reference budget"
+                raise ValueError(f"{source}: paired[{name!r}][{key!r}] is at budget {fields[0]}: {where}")
     return metrics
 
 
@@ -188,7 +192,7 @@ def _pooled_lines(
     ]
 
 
-def _short_ref(revision: str | None, revisions: Sequence[str | None]) -> str:
+def short_ref(revision: str | None, revisions: Sequence[str | None]) -> str:
     """A full ref by its last part (`refs/exps/ab/c0ffee.../seed43` -> `seed43`) where no other ref
     given ends the same; DVC keeps experiment names unique per baseline commit only, so two
     baselines' `seed43` become `seed43@abc0ffe` (the baseline's first 7 hex digits)."""
@@ -211,7 +215,7 @@ def run_labels(revisions: Sequence[str | None], seeds: Sequence[Sequence[int]]) 
     repeated = sorted({r or "workspace" for r in revisions if revisions.count(r) > 1})
     if repeated:
         raise ValueError(f"the same run given twice: {', '.join(repeated)}")
-    names = [_short_ref(revision, revisions) for revision in revisions]
+    names = [short_ref(revision, revisions) for revision in revisions]
     # A short name shared by two revisions (a branch `seed43` and an experiment `seed43`): both
     # keep their whole revision, which the check above made distinct.
     names = [
