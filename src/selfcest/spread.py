@@ -64,6 +64,12 @@ def read_metrics(text: str, source: str) -> dict[str, Any]:
     return metrics
 
 
+def _table_header(leading: Sequence[str], labels: Sequence[str], trailing: Sequence[str]) -> list[str]:
+    """A Markdown table's header and rule: the `leading` columns, one per run label, the `trailing` ones."""
+    columns = [*leading, *(f"`{label}`" for label in labels), *trailing]
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
@@ -101,8 +107,7 @@ def spread_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
         lines += [
             f"## `{name}` (accuracy at the reference budget {budget}; {len(present)} of {len(labels)} runs)",
             "",
-            "| method | " + " | ".join(f"`{label}`" for label in labels) + " | mean | min - max |",
-            "|---|" + "---|" * (len(labels) + 2),
+            *_table_header(["method"], labels, ["mean", "min - max"]),
         ]
         for method in methods:
             values = [
@@ -122,8 +127,7 @@ def spread_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
         "A `with a caveat` row says how a claim held: 1 with a caveat (a gap within noise, ...), 0",
         "without one, - where it did not hold. `reports/summary.md` names each run's caveats.",
         "",
-        "| claim | benchmark | " + " | ".join(f"`{label}`" for label in labels) + " | held |",
-        "|---|---|" + "---|" * (len(labels) + 1),
+        *_table_header(["claim", "benchmark"], labels, ["held"]),
     ]
     claim_keys = sorted(
         {key for m in runs.values() for verdicts in m.get("claims", {}).values() for key in verdicts}
@@ -186,8 +190,7 @@ def _pooled_lines(
         "problems and their warm-up (the same seed) are not. `-`: the run has no counts there (the",
         "claim was not checked, or its metrics.json predates them); it is left out of the pool.",
         "",
-        "| claim | benchmark | " + " | ".join(f"`{label}`" for label in labels) + " | pooled | p |",
-        "|---|---|" + "---|" * (len(labels) + 2),
+        *_table_header(["claim", "benchmark"], labels, ["pooled", "p"]),
         *table,
     ]
 
