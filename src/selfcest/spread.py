@@ -162,8 +162,9 @@ def _pooled_lines(
     is a fair coin in every run, so the pooled counts are too, provided the runs are independent."""
     table: list[str] = []
     for name in benchmarks:
-        for key in sorted({k for label in labels for k in runs[label].get("paired", {}).get(name, {})}):
-            counts = {label: runs[label].get("paired", {}).get(name, {}).get(key) for label in labels}
+        paired = {label: runs[label].get("paired", {}).get(name, {}) for label in labels}
+        for key in sorted({k for per_claim in paired.values() for k in per_claim}):
+            counts = {label: per_claim.get(key) for label, per_claim in paired.items()}
             present = {label: c for label, c in counts.items() if c is not None}
             budgets = {c["budget"] for c in present.values()}
             if len(budgets) > 1:
