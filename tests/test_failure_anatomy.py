@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from selfcest.analysis import FAILURE_KINDS, arithmetic_audit, failure_anatomy, failure_anatomy_markdown
+from selfcest.analysis import (
+    FAILURE_KINDS,
+    arithmetic_audit,
+    failure_anatomy,
+    failure_anatomy_markdown,
+    half_leaf_results,
+)
 
 # 8 terms: first half 4+5-3+2 = 8 (its halves 4+5 = 9 and -3+2 = -1), second half 6-1+7+1 = 13.
 QUESTION = "Calculate the value of 4+5-3+2+6-1+7+1."
@@ -192,3 +198,23 @@ def test_anatomy_rows_count_every_wrong_answer_once_and_the_summary_names_the_co
     assert "`selfcest` combining: addition (2 of 3)" in text
     assert "`base` " not in text.split("Most common first failure:")[1]  # no wrong answers to place
     assert failure_anatomy_markdown(rows, 512) == ""
+
+
+def test_half_leaf_results_count_clones_alone_by_key_and_the_sign_their_half_starts_with() -> None:
+    """The second half's halves: `6-1` starts with a positive term, and in a sum with `-6` there its
+    `first half` starts with a subtracted one, the kind the warm-up's teacher never shows a clone."""
+    question = "Calculate the value of 4+5-3+2-6-1+7+1."  # second half -6-1+7+1 = 1: halves -6-1, 7+1
+    agents = [
+        _agent("root", "8+1=9\nAnswer: 9", "9", children=[[1, 2]]),
+        _agent("root/turn1_clone0", "4+5=9\n9-3=6\n6+2=8\nAnswer: 8", "8", keys=("first half",)),
+        _agent("root/turn1_clone1", "-7+8=1\nAnswer: 1", "1", keys=("second half",), children=[[1, 2]]),
+        _agent("root/turn1_clone1/turn1_clone0", "1-1=0\nAnswer: 0", "0", keys=("first half",)),
+        _agent("root/turn1_clone1/turn1_clone1", "7+1=8\nAnswer: 8", "8", keys=("second half",)),
+    ]
+    record = {**_record(agents), "question": question}
+    rows = {
+        (r["key"], r["lead"]): (r["n"], r["right"])
+        for r in half_leaf_results([record, _record(_alone("x", "1"))])
+    }
+    # the clone with children is no leaf; the root is no clone; -6-1 answered 0 is wrong
+    assert rows == {("first half", "+"): (1, 1), ("first half", "-"): (1, 0), ("second half", "+"): (1, 1)}

@@ -439,8 +439,40 @@ def test_halves_long_fraction_sets_how_often_long_sums_are_halved(long_fraction:
         assert 70 <= kinds["arith_root_delegate"] <= 130  # seeded: 200 draws at 0.5
 
 
+def test_halves_negative_lead_fraction_hands_clones_halves_that_start_with_a_subtracted_term() -> None:
+    """Training problems start with a positive term, so by default no clone holds a `first half`
+    starting with a subtracted term; with the share above 0 the clone handed the whole sum sometimes
+    holds it with its first term negated, and that clone and its own halves answer their own sums."""
+    terms = [3, -4, 5, 1, -2, 6, 7, -8]
+
+    def half_clones(fraction: float) -> list[tuple[str, list[int], dict]]:
+        config = TeacherConfig(arithmetic_delegation="halves", halves_negative_lead_fraction=fraction)
+        held = []
+        for seed in range(200):
+            for conversation in arithmetic_conversations(format_terms(terms), random.Random(seed), config):
+                if conversation["kind"] == "arith_half_clone":
+                    key = conversation["messages"][1]["content"][1:].partition("]")[0]
+                    held.append((key, _halves_agent_sum(conversation), conversation))
+        return held
+
+    assert not [h for key, h, _ in half_clones(0.0) if key == "first half" and h[0] < 0]
+    negated = [-terms[0], *terms[1:]]
+    clones = half_clones(0.5)
+    wholes = [h for _, h, _ in clones if len(h) == len(terms)]
+    assert negated in wholes and terms in wholes
+    assert [h for key, h, _ in clones if key == "first half" and h[0] < 0 and len(h) > 1]
+    for _, held, conversation in clones:
+        assert int(extract_answer(conversation["messages"][-1]["content"])) == sum(held)
+
+
 @pytest.mark.parametrize(
-    "name", ["halves_long_fraction", "halves_needless_fraction", "qa_extra_keys_fraction"]
+    "name",
+    [
+        "halves_long_fraction",
+        "halves_needless_fraction",
+        "halves_negative_lead_fraction",
+        "qa_extra_keys_fraction",
+    ],
 )
 @pytest.mark.parametrize("value", [-0.1, 1.5])
 def test_teacher_shares_outside_zero_to_one_are_refused_by_name(name: str, value: float) -> None:

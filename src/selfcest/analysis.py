@@ -218,6 +218,37 @@ def arithmetic_audit(record: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"failure": failure, "alone": not agents[0].get("children"), **counts}
 
 
+def half_leaf_results(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Clones that solved a half alone (no clones of their own), per (split, method, budget, key, lead):
+    `key` the half they were handed (`first half` / `second half`), `lead` the sign of its first term
+    (`-`: a subtracted term), `n` how many and `right` how many answered their half's sum. The warm-up
+    teacher's halves of training sums never start a `first half` with a subtracted term
+    (`benchmarks/half_leads.py`), where the halves of a longer sum's second half do."""
+    counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for record in records:
+        episodes = record.get("episodes") or []
+        if record.get("dataset") != "arithmetic" or len(episodes) != 1:
+            continue
+        agents = episodes[0].get("agents") or []
+        for agent, own in zip(agents, _agent_terms(record, agents), strict=True):
+            keys = list(agent.get("context_keys") or [])
+            if own is None or agent.get("parent_id") is None or agent.get("children") or len(keys) != 1:
+                continue
+            key = (
+                record["split"],
+                record["method"],
+                int(record["budget"]),
+                keys[0],
+                "-" if own[0] < 0 else "+",
+            )
+            counts[key][0] += 1
+            counts[key][1] += _as_int(agent.get("answer")) == sum(own)
+    return [
+        {"split": split, "method": method, "budget": budget, "key": key, "lead": lead, "n": n, "right": right}
+        for (split, method, budget, key, lead), (n, right) in sorted(counts.items())
+    ]
+
+
 def failure_anatomy(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per arithmetic (split, method, budget): n, wrong answers (`wrong_alone`: those whose root
     spawned no clone) by where they first went wrong (`FAILURE_KINDS`), and the share of right step

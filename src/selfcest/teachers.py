@@ -76,6 +76,12 @@ class TeacherConfig:
     (with both fractions equal the teacher's choice does not depend on the sum's length at all)."""
     halves_max_depth: int = 3
     """`halves`: depth below which an agent holds the tool (the runtime's `expression_max_depth`)."""
+    halves_negative_lead_fraction: float = 0.0
+    """`halves`: share of the clone conversations that hand a whole training sum as a half in which
+    that sum's first term is negated. Every training problem starts with a positive term, so without
+    them no clone is ever handed a `first half` that starts with a subtracted term, nor a half of
+    more than 4 terms that does; the halves of a longer sum's `second half` do (docs/results.md,
+    "Session 53"). At 0 nothing is drawn, so the warm-up data keep their bytes."""
     qa_extra_keys_fraction: float = 0.2
     """Share of QA hops that hand the clone a needless extra paragraph."""
     qa_mono_distractors: tuple[int, int] = (1, 8)
@@ -104,6 +110,7 @@ class TeacherConfig:
             "qa_thinking_fraction",
             "halves_needless_fraction",
             "halves_long_fraction",
+            "halves_negative_lead_fraction",
             "qa_extra_keys_fraction",
             "qa_failed_clone_fraction",
         )
@@ -329,8 +336,11 @@ def arithmetic_halves_conversations(
     kind = "arith_root_delegate" if len(root) > 3 else "arith_root_direct"
     out = [conversation(root, tools=True, kind=kind)]
     whole_clones: list[tuple[list[int], str, int]] = []
-    whole = _halves_clone(terms, rng.choice(HALF_KEYS), 1, rng, config, whole_clones)
-    if arithmetic_question(format_terms(terms)) not in held_out:
+    whole_terms = terms
+    if config.halves_negative_lead_fraction > 0 and rng.random() < config.halves_negative_lead_fraction:
+        whole_terms = [-terms[0], *terms[1:]]  # another sum, answered by its own steps
+    whole = _halves_clone(whole_terms, rng.choice(HALF_KEYS), 1, rng, config, whole_clones)
+    if arithmetic_question(format_terms(whole_terms)) not in held_out:
         out.append(whole)
     pool = nodes + whole_clones
     if pool:
