@@ -7,8 +7,8 @@ Every training problem starts with a positive term, so the warm-up teacher hands
 sums that start with one; only the second half of a sum can start with a subtracted term. In a longer
 sum the halves of a second half are handed on too, and their `first half` starts with a subtracted
 term about as often as any term is one. Prints one JSON line with the teacher's clone conversations
-by (key, lead sign, number of terms), built by `selfcest.warmup.warmup_conversations` as the warm-up
-builds them (no model runs), then, per `--episodes` file (a sweep cell's traces), one JSON line per
+by (key, lead sign, number of terms), built as the warm-up builds them
+(`benchmarks.probes.stage_warmup_conversations`) (no model runs), then, per `--episodes` file (a sweep cell's traces), one JSON line per
 (split, method, budget, key, lead) with how many clones solved such a half alone and how many were
 right (`selfcest.analysis.half_leaf_results`).
 """
@@ -29,11 +29,10 @@ pin_cpu_kernels()  # before torch loads (selfcest.warmup imports it), as the sta
 from selfcest.analysis import half_leaf_results  # noqa: E402
 from selfcest.halves import HALF_KEYS, parse_terms  # noqa: E402
 from selfcest.reports import episode_records  # noqa: E402
-from selfcest.warmup import warmup_conversations, warmup_settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from stages.common import load_params, read_jsonl  # noqa: E402
-from stages.warmup import HELD_OUT_SPLITS, held_out_expressions  # noqa: E402
+from benchmarks.probes import stage_warmup_conversations  # noqa: E402
+from stages.common import load_params  # noqa: E402
 
 # A clone handed one half: `[first half] 3-4+5\nsum` (`selfcest.prompts.clone_user_message`).
 _HALF_PROMPT = re.compile(r"\[(?P<key>" + "|".join(HALF_KEYS) + r")\] (?P<expr>[0-9+\-]+)\nsum")
@@ -41,14 +40,8 @@ _HALF_PROMPT = re.compile(r"\[(?P<key>" + "|".join(HALF_KEYS) + r")\] (?P<expr>[
 
 def teacher_halves(params: dict) -> Counter[tuple[str, str, int]]:
     """The warm-up's clone conversations holding one half, by (key, lead sign, number of terms)."""
-    conversations = warmup_conversations(
-        warmup_settings(params["warmup"], seed=params["seed"]),
-        arithmetic_records=read_jsonl(Path("data/arithmetic/train.jsonl")),
-        qa_train_records=read_jsonl(Path("data/qa/train.jsonl")),
-        held_out_expressions=held_out_expressions(HELD_OUT_SPLITS),
-    )
     counts: Counter[tuple[str, str, int]] = Counter()
-    for conversation in conversations:
+    for conversation in stage_warmup_conversations(params):
         user = next(m["content"] for m in conversation["messages"] if m["role"] == "user")
         match = _HALF_PROMPT.fullmatch(str(user))
         if match:

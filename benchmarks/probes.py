@@ -15,7 +15,15 @@ from selfcest.data.arithmetic import ArithmeticConfig, config_from_mapping, gene
 from selfcest.model import load_model
 from selfcest.teachers import TeacherConfig, arithmetic_conversations
 from selfcest.tokenizer import load_tokenizer
-from selfcest.warmup import WarmupConfig, run_warmup, tokenize_conversations
+from selfcest.warmup import (
+    WarmupConfig,
+    run_warmup,
+    tokenize_conversations,
+    warmup_conversations,
+    warmup_settings,
+)
+from stages.common import read_jsonl
+from stages.warmup import HELD_OUT_SPLITS, held_out_expressions
 
 PROBED_KINDS = ("arith_mono", "arith_root_delegate")
 
@@ -24,6 +32,18 @@ def active_generator(params: Mapping[str, Any]) -> ArithmeticConfig:
     """The active arithmetic profile's generator settings, as stages/generate_arithmetic.py reads them."""
     arithmetic = params["arithmetic"]
     return config_from_mapping(arithmetic["profiles"][arithmetic["profile"]].get("generator") or {})
+
+
+def stage_warmup_conversations(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The warm-up's conversations exactly as `stages/warmup.py` builds them from `params` (same
+    training files, seed, teacher settings and held-out sums), for the benchmarks that count what the
+    teacher wrote."""
+    return warmup_conversations(
+        warmup_settings(params["warmup"], seed=params["seed"]),
+        arithmetic_records=read_jsonl(Path("data/arithmetic/train.jsonl")),
+        qa_train_records=read_jsonl(Path("data/qa/train.jsonl")),
+        held_out_expressions=held_out_expressions(HELD_OUT_SPLITS),
+    )
 
 
 def probe_teacher(teacher: TeacherConfig) -> TeacherConfig:

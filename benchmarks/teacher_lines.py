@@ -2,8 +2,8 @@
 
     python benchmarks/teacher_lines.py [--params params.yaml]
 
-Builds the warm-up's conversations with the function that `stages/warmup.py` calls
-(`selfcest.warmup.warmup_conversations`: same records, seed, teacher settings and held-out
+Builds the warm-up's conversations as `stages/warmup.py` builds them
+(`benchmarks.probes.stage_warmup_conversations`: same records, seed, teacher settings and held-out
 expressions) and counts their `a+b=c` lines: those of agents solving a sum alone, and those of
 combining turns (an assistant turn right after a tool message: an agent adding its clones'
 answers), with how many of the latter add two numbers of two or more digits
@@ -25,11 +25,10 @@ from selfcest.determinism import pin_cpu_kernels
 pin_cpu_kernels()  # before torch loads (selfcest.warmup imports it), as the stages do
 
 from selfcest.analysis import WIDE_OPERAND, step_lines  # noqa: E402
-from selfcest.warmup import warmup_conversations, warmup_settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from stages.common import load_params, read_jsonl  # noqa: E402
-from stages.warmup import HELD_OUT_SPLITS, held_out_expressions  # noqa: E402
+from benchmarks.probes import stage_warmup_conversations  # noqa: E402
+from stages.common import load_params  # noqa: E402
 
 
 def main() -> None:
@@ -37,12 +36,7 @@ def main() -> None:
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args()
     params = load_params(Path(args.params))
-    conversations = warmup_conversations(
-        warmup_settings(params["warmup"], seed=params["seed"]),
-        arithmetic_records=read_jsonl(Path("data/arithmetic/train.jsonl")),
-        qa_train_records=read_jsonl(Path("data/qa/train.jsonl")),
-        held_out_expressions=held_out_expressions(HELD_OUT_SPLITS),
-    )
+    conversations = stage_warmup_conversations(params)
     alone, combining, wide = 0, 0, 0
     largest_tens: Counter[int] = Counter()
     for conversation in conversations:

@@ -186,16 +186,22 @@ def _failure_kind(
     return {"terms": "combine_readback", "addition": "combine_addition", "answer": "answer_off_steps"}[kind]
 
 
+def _single_episode_agents(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The agents of a single-episode arithmetic record; none for any other record (sc@k's votes
+    have several episodes)."""
+    episodes = record.get("episodes") or []
+    if record.get("dataset") != "arithmetic" or len(episodes) != 1:
+        return []
+    return episodes[0].get("agents") or []
+
+
 def arithmetic_audit(record: Mapping[str, Any]) -> dict[str, Any] | None:
     """One arithmetic record's audit: `failure` (a `FAILURE_KINDS` entry; None when right), `alone`
     (the root spawned no clone) and its agents' step lines checked, `part_steps` (agents solving
     alone) and `combine_steps` (agents adding their clones' answers) as `[right, all]`,
     `wide_combine_steps` those of the latter whose operands both have two or more digits. None for
     a record that is not one single-episode arithmetic problem (sc@k's votes have several)."""
-    episodes = record.get("episodes") or []
-    if record.get("dataset") != "arithmetic" or len(episodes) != 1:
-        return None
-    agents = episodes[0].get("agents") or []
+    agents = _single_episode_agents(record)
     if not agents:
         return None
     terms = _agent_terms(record, agents)
@@ -226,23 +232,20 @@ def half_leaf_results(records: Iterable[Mapping[str, Any]]) -> list[dict[str, An
     (`benchmarks/half_leads.py`), where the halves of a longer sum's second half do."""
     counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
     for record in records:
-        episodes = record.get("episodes") or []
-        if record.get("dataset") != "arithmetic" or len(episodes) != 1:
-            continue
-        agents = episodes[0].get("agents") or []
+        agents = _single_episode_agents(record)
         for agent, own in zip(agents, _agent_terms(record, agents), strict=True):
             keys = list(agent.get("context_keys") or [])
             if own is None or agent.get("parent_id") is None or agent.get("children") or len(keys) != 1:
                 continue
-            key = (
+            group = (
                 record["split"],
                 record["method"],
                 int(record["budget"]),
                 keys[0],
                 "-" if own[0] < 0 else "+",
             )
-            counts[key][0] += 1
-            counts[key][1] += _as_int(agent.get("answer")) == sum(own)
+            counts[group][0] += 1
+            counts[group][1] += _as_int(agent.get("answer")) == sum(own)
     return [
         {"split": split, "method": method, "budget": budget, "key": key, "lead": lead, "n": n, "right": right}
         for (split, method, budget, key, lead), (n, right) in sorted(counts.items())
