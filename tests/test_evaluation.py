@@ -663,10 +663,27 @@ def test_a_per_dataset_or_per_split_mapping_names_only_datasets_and_splits() -> 
         max_problems_for(0, "qa", "test", setting="--max-problems")
 
 
+def test_a_params_section_that_is_not_a_mapping_is_refused_by_name() -> None:
+    """`sweep: 48` stopped inside Python ("'int' object is not iterable"), a list of one mapping
+    with "unhashable type", and `sweep: max_problems` was read as its letters."""
+    from selfcest.param_checks import check_keys
+    from selfcest.sweep_config import check_sweep_keys
+
+    for bad in (48, [{"max_problems": 48}], ["max_problems"], "max_problems"):
+        with pytest.raises(ValueError, match=r"^eval.sweep: expected a mapping of settings, got "):
+            check_sweep_keys(bad)
+    check_sweep_keys(None)  # unset: every default
+    check_sweep_keys({"max_problems": 48})
+    # `known` may be any iterable, read once: a generator's keys all count
+    check_keys("s", {"a": 1, "b": 2}, (k for k in ("a", "b")))
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['c'\]; its settings are \['a', 'b'\]"):
+        check_keys("s", {"a": 1, "c": 2}, (k for k in ("a", "b")))
+
+
 def test_a_frontier_range_that_is_not_positive_is_refused_before_the_sweep() -> None:
     from selfcest.sweep_config import settings_for
 
-    for bad in (0, -5.0, True, "512"):
+    for bad in (0, -5.0, True, "512", float("inf"), float("nan")):  # inf gave NaN frontier areas
         with pytest.raises(ValueError, match=r"eval.report.auc_max_tokens for qa must be a positive number"):
             settings_for({"budgets": [64, 128], "report": {"auc_max_tokens": {"qa": bad}}}, "qa")
     assert (

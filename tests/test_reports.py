@@ -414,6 +414,11 @@ def test_settings_refuse_budgets_that_are_not_positive_whole_numbers_or_repeat()
     with pytest.raises(ValueError, match=r"eval.budgets.qa lists \[128\] more than once"):
         settings_for({"budgets": {"qa": [128, 64, 128]}, "report": {}}, "qa")
     assert settings_for({"budgets": 64, "report": {}}, "qa").budgets == [64]  # one budget for all
+    # 0 or false as the whole setting was read as "no budgets"; it is a budget, refused by name
+    for bad in (0, False, {"qa": 0}):
+        with pytest.raises(ValueError, match=r"eval.budgets.qa must be positive whole numbers"):
+            settings_for({"budgets": bad, "report": {}}, "qa")
+    assert settings_for({"report": {}}, "qa").budgets == []  # unset: no budgets (the cell refuses that)
 
 
 # --------------------------------------------------------------------------- the report stage on synthetic cells

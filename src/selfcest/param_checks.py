@@ -11,8 +11,14 @@ from typing import Any
 
 def check_keys(section: str, values: Mapping[str, Any] | None, known: Iterable[str]) -> None:
     """Refuse a key under the params section `section` (its path, e.g. `eval.sweep`) that is none of
-    its `known` settings."""
-    unknown = sorted(set(values or {}) - set(known))
+    its `known` settings. A section that is not a mapping (`sweep: 48`, a list, a bare string) is
+    refused by name too: iterating it would fail inside Python, or read a string as its letters."""
+    known = set(known)  # once: a generator would be spent by the first use
+    if values is None:
+        return
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{section}: expected a mapping of settings, got {values!r}")
+    unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"{section}: unknown key(s) {unknown}; its settings are {sorted(known)}")
 

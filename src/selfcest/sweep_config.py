@@ -6,6 +6,7 @@ reference budget that is not one of the budgets) without depending on the report
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -83,9 +84,10 @@ def settings_for(eval_params: Mapping[str, Any], dataset: str) -> Settings:
     one of the budgets is an error, and so is a budget that is not a positive whole number or one
     listed twice."""
     report = eval_params.get("report") or {}
-    budgets = _budgets(
-        per_dataset(eval_params.get("budgets"), dataset, [], setting="eval.budgets") or [], dataset
-    )
+    # `None` (unset) is no budgets; any other value goes to _budgets, so a budget of 0 or `false`
+    # is refused there by name instead of read as "no budgets".
+    listed = per_dataset(eval_params.get("budgets"), dataset, setting="eval.budgets")
+    budgets = _budgets([] if listed is None else listed, dataset)
     reference = per_dataset(report.get("reference_budget"), dataset, setting="eval.report.reference_budget")
     if reference is None:
         reference = budgets[len(budgets) // 2] if budgets else 0
@@ -104,8 +106,14 @@ def settings_for(eval_params: Mapping[str, Any], dataset: str) -> Settings:
     auc_max = per_dataset(report.get("auc_max_tokens"), dataset, setting="eval.report.auc_max_tokens")
     if auc_max is None:
         auc_max = max(budgets, default=1)
-    elif isinstance(auc_max, bool) or not isinstance(auc_max, int | float) or not auc_max > 0:
-        # The frontier area divides by it: the report would stop after the whole sweep had run.
+    elif (
+        isinstance(auc_max, bool)
+        or not isinstance(auc_max, int | float)
+        or not math.isfinite(auc_max)
+        or not auc_max > 0
+    ):
+        # The frontier area divides by it: the report would stop after the whole sweep had run, or
+        # (at YAML's `.inf`) write NaN areas into metrics.json.
         raise ValueError(
             f"eval.report.auc_max_tokens for {dataset} must be a positive number of tokens, got {auc_max!r}"
         )
