@@ -883,6 +883,16 @@ def test_a_sum_spelt_with_spaces_around_its_operators_is_cut_as_without() -> Non
         assert expression_halves(expr) == {}, expr
 
 
+def test_only_ascii_digits_are_terms() -> None:
+    """`\\d` matched other scripts' digits, so "١٢+٣" (Arabic-Indic) parsed as 12+3 and was cut."""
+    from selfcest.halves import expression_halves, parse_terms
+
+    for expr in ["\u0661\u0662+\u0663", "1+\uff12"]:  # Arabic-Indic 12+3; 1 + fullwidth 2
+        with pytest.raises(ValueError, match="not a \\+/- expression of integers"):
+            parse_terms(expr)
+        assert expression_halves(expr) == {}
+
+
 def test_a_problems_samples_do_not_depend_on_what_runs_beside_it(tiny_model, tiny_tokenizer) -> None:
     """Every request the runtime makes carries its own seed, keyed by task, sample, copy, agent and
     turn: a task's sampled episodes are the same alone, beside other tasks and in micro-batches of

@@ -19,8 +19,9 @@ from selfcest.prompts import arithmetic_question
 
 HALF_KEYS = ("first half", "second half")
 
-_TERM = re.compile(r"[+-]?\d+")
-_SPACED_DIGITS = re.compile(r"\d +\d")
+# [0-9], not \d: \d also matches other scripts' digits ("١٢+٣" would parse as 12+3).
+_TERM = re.compile(r"[+-]?[0-9]+")
+_SPACED_DIGITS = re.compile(r"[0-9] +[0-9]")
 # The prompt's words around the sum, taken from the prompt itself so that the two cannot drift apart.
 _QUESTION_PREFIX, _QUESTION_SUFFIX = arithmetic_question("\0").split("\0")
 _QUESTION = re.compile(re.escape(_QUESTION_PREFIX) + r"(?P<expr>[0-9+\- ]+)" + re.escape(_QUESTION_SUFFIX))
