@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -19,7 +18,7 @@ from pathlib import Path
 from selfcest.model import TinyModelConfig, build_tiny_model, count_parameters
 from selfcest.tokenizer import load_tokenizer, train_tokenizer
 from selfcest.tokenizer_corpus import protocol_corpus
-from stages.common import load_params, setup_logging, write_json
+from stages.common import iter_jsonl, load_params, setup_logging, write_json
 
 log = logging.getLogger("build_model")
 
@@ -52,14 +51,18 @@ def read_corpus_files(paths: list[str]) -> tuple[list[str], list[tuple[str, str]
     strings: list[str] = []
     hops: list[tuple[str, str]] = []
     for path in paths:
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                if not line.strip():  # as `read_jsonl`: a blank line is no record
-                    continue
-                record = json.loads(line)
-                strings += _strings(record)
-                if isinstance(record, dict):
-                    hops += [(hop["paragraph_key"], hop["question"]) for hop in record.get("hops") or []]
+        for lineno, record in iter_jsonl(path):  # a line that is not JSON: its file and line
+            strings += _strings(record)
+            if not isinstance(record, dict):
+                continue
+            for index, hop in enumerate(record.get("hops") or []):
+                try:
+                    hops.append((hop["paragraph_key"], hop["question"]))
+                except (KeyError, TypeError) as exc:  # a missing field, or a hop that is no mapping
+                    raise ValueError(
+                        f"{path}, line {lineno} (record {record.get('id')!r}): hops[{index}] needs "
+                        f"'paragraph_key' and 'question' fields, got {hop!r}"
+                    ) from exc
     return strings, hops
 
 

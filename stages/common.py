@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +51,21 @@ def setup_logging() -> None:
 
 def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
     """The records of a JSON-lines file; a line that is not JSON stops with its file and line number."""
-    records = []
+    return [record for _, record in iter_jsonl(path)]
+
+
+def iter_jsonl(path: Path | str) -> Iterator[tuple[int, Any]]:
+    """(line number, record) of each non-blank line of a JSON-lines file, read one at a time; a line
+    that is not JSON stops with its file and line number."""
     with open(path, encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except ValueError as exc:
                 raise ValueError(f"{path}, line {lineno}: not a JSON record: {exc}") from exc
-    return records
+            yield lineno, record
 
 
 def resolve_source(path: str, params_key: str) -> str:

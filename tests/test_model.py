@@ -422,3 +422,28 @@ def test_cli_solve_pins_the_pipelines_cpu_kernels_before_torch(tmp_path: Path) -
     env = {k: v for k, v in os.environ.items() if k not in (KERNEL_VARIABLE, OPT_OUT_VARIABLE)}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [expected, expected.upper()], out.stdout + out.stderr
+
+
+def test_build_model_names_the_file_line_and_field_of_a_bad_corpus_record(tmp_path: Path) -> None:
+    """The tokenizer corpus reader called json.loads and hop["paragraph_key"] bare: a broken second
+    line said "line 1 column 18" (of the string) and a bad hop gave KeyError/TypeError with no file."""
+    from stages.build_model import read_corpus_files
+
+    good = '{"id": "q1", "question": "Who?", "hops": [{"paragraph_key": "k", "question": "Who?"}]}\n'
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(good + '{"id": "q2",}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"broken.jsonl, line 2: not a JSON record"):
+        read_corpus_files([str(broken)])
+    for name, hop in [("missing", {"question": "Who?"}), ("listed", ["k", "Who?"])]:
+        bad = tmp_path / f"{name}.jsonl"
+        bad.write_text(
+            good + "\n" + json.dumps({"id": "q3", "hops": [{"paragraph_key": "k", "question": "?"}, hop]})
+        )
+        with pytest.raises(
+            ValueError, match=rf"{name}.jsonl, line 3 \(record 'q3'\): hops\[1\] needs 'paragraph_key'"
+        ):
+            read_corpus_files([str(bad)])
+    fine = tmp_path / "fine.jsonl"
+    fine.write_text(good + "\n" + good, encoding="utf-8")  # a blank line is no record
+    strings, hops = read_corpus_files([str(fine)])
+    assert hops == [("k", "Who?")] * 2 and strings.count("Who?") == 4
