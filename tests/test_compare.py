@@ -249,3 +249,15 @@ def test_a_change_smaller_than_the_tables_rounding_still_shows_both_values() -> 
     assert line.startswith(
         "| qa/test | `selfcest` | 64 | changed | 48 | 62.5% | - | 48.8 | 190.0625 -> 190.104167 |"
     )
+
+
+def test_plot_revisions_draws_any_number_of_runs(tmp_path: Path) -> None:
+    """Its three dashed styles were zipped strictly with the runs' labels: five runs stopped with
+    "zip() argument 2 is shorter than argument 1"."""
+    from selfcest.compare import plot_revisions
+
+    rows = read_sweep_csv(SWEEP, "run")
+    for count in (1, 2, 5):
+        path = tmp_path / f"runs{count}.png"
+        plot_revisions({f"run{i}": rows for i in range(count)}, "gen_tokens", path)
+        assert path.read_bytes().startswith(PNG_MAGIC)

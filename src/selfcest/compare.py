@@ -196,7 +196,8 @@ def plot_revisions(runs: Mapping[str, Sequence[Row]], cost: str, path: Path | st
     if not benchmarks:
         raise ValueError("no rows to plot")
     colours = plt.get_cmap("tab10")
-    styles = ["--", ":", "-."][: max(0, len(labels) - 1)] + ["-"]
+    dashed = ["--", ":", "-."]  # cycled: five runs or more reuse them (zip below is strict)
+    styles = [dashed[i % len(dashed)] for i in range(len(labels) - 1)] + ["-"]
     columns = min(2, len(benchmarks))
     grid_rows = math.ceil(len(benchmarks) / columns)
     fig, axes = plt.subplots(grid_rows, columns, figsize=(6.0 * columns, 4.2 * grid_rows), squeeze=False)
