@@ -46,11 +46,12 @@ def test_leaves_cpus_without_avx2_and_user_choices_alone() -> None:
     assert KERNEL_VARIABLE not in environ
 
 
-def _stage_capability(**overrides: str) -> str:
-    """The kernel level torch uses in a process that starts the way a DVC stage does."""
+def _stage_capability(code: str = "print(torch.backends.cpu.get_cpu_capability())", **overrides: str) -> str:
+    """The kernel level torch uses in a process that starts the way a DVC stage does (or what
+    `code` prints there, after `import stages, torch`)."""
     env = {k: v for k, v in os.environ.items() if k not in (KERNEL_VARIABLE, OPT_OUT_VARIABLE)}
     env.update(overrides)
-    code = "import stages, torch; print(torch.backends.cpu.get_cpu_capability())"
+    code = f"import stages, torch; {code}"
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
@@ -87,3 +88,16 @@ def test_the_machine_description_names_vendor_model_and_kernels(tmp_path: Path) 
     assert machine["cpu_kernels"] == "avx2" and machine["torch"]
     unread = machine_description({}, tmp_path / "missing")
     assert (unread["cpu_vendor"], unread["cpu_model"], unread["cpu_kernels"]) == (None, None, "native")
+
+
+def test_the_stage_metrics_record_the_kernels_torch_runs_not_the_variable() -> None:
+    """ATen ignores a value it does not know (`AVX2`: names are lower case) and runs the CPU's own
+    level, AVX-512 where the CPU has it; the metrics recorded the ignored `AVX2` all the same."""
+    code = (
+        "from selfcest.determinism import machine_description; "
+        "print(torch.backends.cpu.get_cpu_capability(), machine_description()['cpu_kernels'])"
+    )
+    for overrides in ({KERNEL_VARIABLE: "AVX2"}, {KERNEL_VARIABLE: ""}, {}):
+        running, recorded = _stage_capability(code, **overrides).split()
+        assert recorded == running.lower(), overrides
+    assert pin_cpu_kernels({KERNEL_VARIABLE: ""}, {"avx2", "fma"}) is None  # empty: nothing pinned

@@ -76,13 +76,27 @@ def machine_description(
     (README, "Environment notes"). Reviewers diffing `dvc metrics` across commits then need to see
     which kind a run came from. Not for model cards: DVC hashes those with the weights, and the two
     AMD kinds' identical weights would look like different checkpoints."""
-    environ = os.environ if environ is None else environ
     return {
         **cpu_identity(cpuinfo),
-        # What ATen reads at import (`pin_cpu_kernels`); unset means torch's own choice.
-        "cpu_kernels": environ.get(KERNEL_VARIABLE) or "native",
+        "cpu_kernels": kernels_in_force(environ),
         "torch": installed_version("torch"),
     }
+
+
+def kernels_in_force(environ: MutableMapping[str, str] | None = None) -> str:
+    """The ATen CPU kernels this process runs, lower case (`avx2`, `avx512`, `default`).
+
+    Once torch is loaded, torch's own answer: ATen ignores a value it does not know (`AVX2`,
+    `" avx2"`, an empty one) with a warning and picks the CPU's level, and a variable set after torch
+    was imported is not read at all, so the variable alone could name kernels that are not the ones
+    running. Before torch is loaded, or for a given `environ` (not this process's): the variable as
+    `pin_cpu_kernels` left it, or `native` (torch's own choice) where it is unset."""
+    if environ is None and "torch" in sys.modules:
+        import torch
+
+        return torch.backends.cpu.get_cpu_capability().lower()
+    environ = os.environ if environ is None else environ
+    return environ.get(KERNEL_VARIABLE) or "native"
 
 
 def pin_cpu_kernels(
@@ -95,7 +109,7 @@ def pin_cpu_kernels(
     if environ.get(OPT_OUT_VARIABLE, "").strip().lower() == "native":
         return None
     if KERNEL_VARIABLE in environ:
-        return environ[KERNEL_VARIABLE]
+        return environ[KERNEL_VARIABLE] or None  # set but empty: ATen ignores it, nothing is pinned
     flags = cpu_flags() if flags is None else flags
     if not {"avx2", "fma"} <= flags:
         return None
