@@ -28,7 +28,7 @@ from selfcest.checkpoints import (  # noqa: E402
     write_model_card,
 )
 from selfcest.determinism import machine_description  # noqa: E402
-from selfcest.grpo import SelfcestConfig, TrainingConfig, build_trainer  # noqa: E402
+from selfcest.grpo import SelfcestConfig, TrainingConfig, build_trainer, normal_sum  # noqa: E402
 from selfcest.model import load_model  # noqa: E402
 from selfcest.param_checks import check_keys, int_setting  # noqa: E402
 from selfcest.rewards import GateConfig, GateMode, RewardConfig  # noqa: E402
@@ -111,6 +111,37 @@ HELD_OUT_FILES = (Path("data/arithmetic/test.jsonl"), Path("data/arithmetic/ood.
 """The splits whose sums no clone row trains on, as the warm-up's `--held-out` default."""
 
 
+def _mean_of_logged(values: list[Any]) -> float | None:
+    """The mean of a metric over the last logged steps, rounded; None where no step logged it.
+
+    TRL logs None for a metric that was NaN on every step of a logging window (`gate_rate` where no
+    clone ran: the no-clone variant), which `or 0.0` had turned into a measured 0."""
+    logged = [float(v) for v in values if v is not None]
+    return round(sum(logged) / len(logged), 4) if logged else None
+
+
+def held_out_sums(paths: list[Path]) -> frozenset[str]:
+    """The `expr` of every record of the held-out splits `paths` that is a flat `+`/`-` sum.
+
+    Clone rows are matched by their flat sums (`grpo.normal_sum`): the runtime cuts only flat sums
+    into halves, so a sum with `*` or brackets (the paper profile's arithmetic) can never be a clone's
+    sum and has nothing to hold out. Such sums are counted in the log, not refused (they stopped the
+    paper profile's GRPO before its first step). A record without `expr` is an error naming its file."""
+    kept: set[str] = set()
+    skipped = 0
+    for path in paths:
+        for number, record in enumerate(read_jsonl(path), 1):
+            if not isinstance(record, dict) or not isinstance(record.get("expr"), str):
+                raise ValueError(f"{path}, record {number}: a held-out split's record needs an 'expr' string")
+            if normal_sum(record["expr"]) is None:
+                skipped += 1
+            else:
+                kept.add(record["expr"])
+    if skipped:
+        log.info("held-out splits: %d sums are not flat +/- sums, so no clone can hold one", skipped)
+    return frozenset(kept)
+
+
 def grpo_records(tasks: dict[str, Any], seed: int, paths: dict[str, Path]) -> list[dict[str, Any]]:
     """The seeded draw of GRPO's training records: `tasks[name]` records of the file `paths[name]`
     for each `TASK_SOURCES` name (0 or absent: that file is not read), shuffled together. The draws
@@ -171,8 +202,7 @@ def main() -> None:
     params = load_params(Path(args.params))
     grpo = params["grpo"]
     selfcest = selfcest_config(params, args.variant)  # checks the settings before the data are read
-    held_out = frozenset(record["expr"] for path in args.held_out for record in read_jsonl(path))
-    selfcest = dataclasses.replace(selfcest, held_out_sums=held_out)
+    selfcest = dataclasses.replace(selfcest, held_out_sums=held_out_sums(args.held_out))
     variant = grpo["variants"][args.variant]
     out = Path(args.out or f"artifacts/{args.variant}_model")
     run_dir = Path(args.run_dir or f"artifacts/runs/{args.variant}")
@@ -219,7 +249,7 @@ def main() -> None:
     history = [h for h in trainer.state.log_history if "reward" in h]
     last = history[-3:] or [{}]
     metrics = {
-        name.replace("selfcest/", ""): round(sum(float(h.get(name) or 0.0) for h in last) / len(last), 4)
+        name.replace("selfcest/", ""): _mean_of_logged([h.get(name) for h in last])
         for name in (
             "reward",
             "selfcest/accuracy",

@@ -706,3 +706,32 @@ def test_a_real_lora_policy_with_a_kl_term_is_refused(
     monkeypatch.setattr(grpo_helpers, "load_model", load_lora)
     with pytest.raises(ValueError, match=r"policy is a PEFT \(adapter\) model"):
         make_trainer(tiny_checkpoint, tmp_path / "run", beta=0.1)
+
+
+def test_held_out_splits_of_the_paper_profile_keep_only_the_sums_a_clone_can_hold(tmp_path: Path) -> None:
+    """The stage handed every held-out `expr` to SelfcestConfig, which refuses a sum with `*` or
+    brackets: the paper profile's GRPO stopped before its first step. Only flat sums can be a
+    clone's (the runtime halves no other), so the rest are left out, and a record without `expr`
+    names its file."""
+    from stages.train_grpo import held_out_sums
+
+    ood = tmp_path / "ood.jsonl"
+    exprs = ["2509*3605+681525-450", "(12+7)*3-4", "12+7-3", "5 - 2"]
+    ood.write_text("".join(json.dumps({"id": f"o{i}", "expr": e}) + "\n" for i, e in enumerate(exprs)))
+    held = held_out_sums([ood])
+    assert held == {"12+7-3", "5 - 2"}
+    assert SelfcestConfig(held_out_sums=held).held_out_sums == {"12+7-3", "5-2"}
+    bad = tmp_path / "test.jsonl"
+    bad.write_text(json.dumps({"id": "t0", "expr": "1+1"}) + "\n" + json.dumps({"id": "t1"}) + "\n")
+    with pytest.raises(ValueError, match=r"test.jsonl, record 2: a held-out split's record needs an 'expr'"):
+        held_out_sums([ood, bad])
+
+
+def test_a_metric_no_step_logged_is_recorded_as_missing_not_zero() -> None:
+    """TRL logs None for `gate_rate` where no clone ran (the no-clone variant); the stage's metrics
+    file recorded that as a gate rate of 0.0, and a window with one None step averaged it in as 0."""
+    from stages.train_grpo import _mean_of_logged
+
+    assert _mean_of_logged([None, None, None]) is None
+    assert _mean_of_logged([0.97, None, 1.0]) == 0.985
+    assert _mean_of_logged([0.5, 0.25, 0.0]) == 0.25
