@@ -311,6 +311,9 @@ def test_spread_refuses_one_run_under_two_names_and_names_files_apart_from_git_r
     head = _git(repo, "rev-parse", "HEAD").strip()
     assert cli_main(["spread", "seed43", head, *common]) == 2
     assert f"the same run given twice: seed43 and {head}" in capsys.readouterr().err
+    # `workspace` reads the working tree's metrics file: that file by its path is the same run
+    assert cli_main(["spread", "workspace", str(repo / "reports" / "metrics.json"), *common]) == 2
+    assert "the same run given twice: workspace and " in capsys.readouterr().err
     files = ["runs/seed43/metrics.json", "runs/workspace/metrics.json"]
     assert cli_main(["spread", "seed43", *files, *common]) == 0
     assert (

@@ -254,15 +254,18 @@ def _spread_files(repo: Path, arguments: Sequence[str]) -> dict[str, Path]:
     return files
 
 
-def _refuse_repeated_runs(repo: Path, arguments: Sequence[str], files: Mapping[str, Path]) -> None:
-    """The same run under two names (a path spelt twice, a branch and its commit) would count its
-    sign tests twice in the pooled test: a ValueError naming both."""
+def _refuse_repeated_runs(
+    repo: Path, arguments: Sequence[str], files: Mapping[str, Path], metrics: str
+) -> None:
+    """The same run under two names (a path spelt twice, a branch and its commit, `workspace` and
+    the path of its metrics file) would count its sign tests twice in the pooled test: a ValueError
+    naming both."""
     seen: dict[tuple[str, str], str] = {}
     for argument in arguments:
         if argument in files:
             key = ("file", str(files[argument].resolve()))
-        elif argument == "workspace":
-            key = ("workspace", "")
+        elif argument == "workspace":  # the working tree's `metrics` file, as a path would name it
+            key = ("file", str((repo / metrics).resolve()))
         else:
             key = ("commit", _commit_of(repo, argument) or argument)
         if key in seen:
@@ -279,7 +282,7 @@ def cmd_spread(args: argparse.Namespace) -> int:
         # A run given as a metrics file (a record of a run kept outside git's history, such as
         # docs/seed_runs/): its seed labels come from a params.yaml beside it.
         files = _spread_files(repo, args.revisions)
-        _refuse_repeated_runs(repo, args.revisions, files)
+        _refuse_repeated_runs(repo, args.revisions, files, args.metrics)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
