@@ -160,6 +160,20 @@ def test_read_metrics_names_the_source_and_what_is_wrong() -> None:
         read_metrics('{"benchmarks": {"qa/test": {"methods": {}}}}', "run1:m.json")
     with pytest.raises(ValueError, match="'claims' is not a mapping"):
         read_metrics('{"benchmarks": {}, "claims": {"qa/test": 1}}', "run1:m.json")
+    # a verdict of 2 counted as two runs held, "yes" and true stopped int() without the file's name;
+    # a method without a numeric accuracy stopped the table with a TypeError or AttributeError
+    for verdict in (2, "yes", True, None):
+        with pytest.raises(ValueError, match="run1:m.json: 'claims' is not a mapping"):
+            read_metrics(json.dumps({"benchmarks": {}, "claims": {"qa/test": {"c": verdict}}}), "run1:m.json")
+    for entry in (0.5, {"accuracy": "0.5"}, {"accuracy": None}):
+        bench = {"qa/test": {"reference_budget": 128, "methods": {"base": entry}}}
+        with pytest.raises(
+            ValueError,
+            match="run1:m.json: benchmark 'qa/test', method 'base' is not a mapping with a numeric",
+        ):
+            read_metrics(json.dumps({"benchmarks": bench}), "run1:m.json")
+    no_problems = {"qa/test": {"reference_budget": 128, "methods": {"base": {"auc": 0.1}}}}
+    assert read_metrics(json.dumps({"benchmarks": no_problems}), "x")  # accuracy left out: fine
     assert read_metrics(json.dumps(_committed_metrics()), "x") == _committed_metrics()
 
 

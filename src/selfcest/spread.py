@@ -41,8 +41,19 @@ def read_metrics(text: str, source: str) -> dict[str, Any]:
             raise ValueError(f"{source}: benchmark {name!r} has no 'methods' mapping")
         if not isinstance(entry.get("reference_budget"), int):
             raise ValueError(f"{source}: benchmark {name!r} has no integer 'reference_budget'")
+        for method, values in entry["methods"].items():
+            # `build_metrics` leaves `accuracy` out for a method without problems at the reference
+            # budget (the table shows `-`); where it is there, it is a number
+            accuracy = values.get("accuracy", 0.0) if isinstance(values, dict) else None
+            if isinstance(accuracy, bool) or not isinstance(accuracy, int | float):
+                raise ValueError(
+                    f"{source}: benchmark {name!r}, method {method!r} is not a mapping with a numeric 'accuracy'"
+                )
     claims = metrics.get("claims", {})
-    if not isinstance(claims, dict) or not all(isinstance(v, dict) for v in claims.values()):
+    if not isinstance(claims, dict) or not all(
+        isinstance(verdicts, dict) and all(type(v) is int and v in (0, 1) for v in verdicts.values())
+        for verdicts in claims.values()
+    ):  # a verdict of 2 would count as two runs held, "yes" stop int() with no file named
         raise ValueError(f"{source}: 'claims' is not a mapping of benchmark -> {{claim: 0 or 1}}")
     # `paired` is newer than the other keys: a run from before it has none and is left out of the pool.
     paired = metrics.get("paired", {})
