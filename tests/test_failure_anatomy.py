@@ -126,6 +126,25 @@ RIGHT_CHAIN = "4+5=9\n9-3=6\n6+2=8\n8+6=14\n14-1=13\n13+7=20\n20+1=21"
         (_alone(RIGHT_CHAIN + "\n21+3=24\nAnswer: 24", "24"), "part_terms"),
         (_alone("4+5=9\n9-3=6\nAnswer: 6", "6"), "part_terms"),
         (_alone(RIGHT_CHAIN.replace("=21", "=22") + "\nAnswer: 22", "22"), "part_addition"),
+        # a clone answers "+13", which the scorer reads as 13; the root adds 8 and 13 wrong
+        (
+            _tree(
+                root_text="8+13=20\nAnswer: 20",
+                root_answer="20",
+                second=("6-1=5\n5+7=12\n12+1=13\nAnswer: +13", "+13"),
+            ),
+            "combine_addition",
+        ),
+        # the root hands the first half twice and adds the two right answers right: no combining
+        # slip (it was `answer_off_steps`), the clones do not make up its sum
+        (
+            [
+                _agent("root", "8+8=16\nAnswer: 16", "16", children=[[1, 2]]),
+                _agent("root/turn1_clone0", "4+5=9\n9-3=6\n6+2=8\nAnswer: 8", "8", keys=("first half",)),
+                _agent("root/turn1_clone1", "4+5=9\n9-3=6\n6+2=8\nAnswer: 8", "8", keys=("first half",)),
+            ],
+            "other",
+        ),
         # thinking: the first pass is right and the check pass ends elsewhere
         (_alone(RIGHT_CHAIN + "\nCheck:\n4+5=9\n9+3=12\nAnswer: 12", "12"), "answer_off_steps"),
     ],

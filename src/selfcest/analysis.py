@@ -64,7 +64,7 @@ def delegation_by_size(records: Iterable[Mapping[str, Any]], methods: Sequence[s
 # running anything. Model text is parsed, never evaluated.
 # Numbers of at most 40 digits: model text is untrusted, and int() refuses over 4,300 digits.
 _STEP = re.compile(r"^(-?\d{1,40})([+-])(\d{1,40})=(-?\d{1,40})$")
-_INTEGER = re.compile(r"^-?\d{1,40}$")
+_INTEGER = re.compile(r"^[+-]?\d{1,40}$")  # "+8" too, which the scorer (and int()) read as 8
 # A step both of whose operands have two or more digits: the additions a tree's combining turns need
 # on long sums (two halves' sums) and that single-digit training sums seldom hold.
 WIDE_OPERAND = 10
@@ -90,8 +90,8 @@ agent whose own work was wrong (its clones, if it had any, all right):
 - `combine_addition`: it added its clones' right answers and got the sum wrong;
 - `answer_off_steps`: every step right, and its `Answer:` is not their result (for `thinking`: its
   `Check:` pass, which repeats the steps, ended elsewhere);
-- `other`: anything else (a clone handed something other than a half, or answers that are not
-  integers)."""
+- `other`: anything else (a clone handed something other than a half, clones whose halves do not
+  make up the agent's sum, or answers that are not integers)."""
 
 
 def _agent_terms(record: Mapping[str, Any], agents: Sequence[Mapping[str, Any]]) -> list[list[int] | None]:
@@ -180,7 +180,9 @@ def _failure_kind(
         kind = _chain_failure(steps[index], own_terms)
         return "answer_off_steps" if kind == "answer" else f"part_{kind}"
     answers = [_as_int(agents[c].get("answer")) for c in children]
-    if any(a is None for a in answers):
+    if any(a is None for a in answers) or sum(answers) != sum(own_terms):  # type: ignore[arg-type]
+        # Right answers that do not make up its sum (a half handed twice, one never handed): no
+        # addition of them could be right, so it is no combining slip.
         return "other"
     kind = _chain_failure(steps[index], answers)  # type: ignore[arg-type]
     return {"terms": "combine_readback", "addition": "combine_addition", "answer": "answer_off_steps"}[kind]
