@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,23 @@ def write_json(path: Path | str, payload: Any) -> None:
 
 def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+QUARANTINE_FILE_STEM = "quarantine"
+"""The data stages write every quarantined record to `<out>/quarantine.jsonl`, beside `<split>.jsonl`."""
+_SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def check_split_names(names: Iterable[str], setting: str) -> None:
+    """Refuse a split name that cannot be its own `<name>.jsonl` beside the others: `quarantine`
+    (its records were overwritten by the quarantine list, the report still counting them kept), or
+    one that is not a plain file name (`../x` would write outside the stage's folder)."""
+    for name in names:
+        if name == QUARANTINE_FILE_STEM or not _SPLIT_NAME.match(str(name)):
+            raise ValueError(
+                f"{setting}: a split may not be named {name!r}: split names are plain file names "
+                f"(letters, digits, '_', '.', '-'), and {QUARANTINE_FILE_STEM!r} holds the quarantine"
+            )
 
 
 def read_jsonl(path: Path | str) -> list[dict[str, Any]]:

@@ -30,7 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from selfcest.data.math import MathSplit, check_math_limits, load_math_split  # noqa: E402
 from selfcest.data.qa import canonical_jsonl, records_sha256  # noqa: E402
 from selfcest.param_checks import check_keys  # noqa: E402
-from stages.common import PARAMS_FILE, load_params, resolve_source, setup_logging, write_json  # noqa: E402
+from stages.common import (  # noqa: E402
+    PARAMS_FILE,
+    check_split_names,
+    load_params,
+    resolve_source,
+    setup_logging,
+    write_json,
+)
 
 log = logging.getLogger("prepare_math")
 
@@ -47,6 +54,7 @@ def build(params: dict[str, Any]) -> dict[str, MathSplit]:
     for name, source in sources.items():  # a misspelt `avg_k` would run avg@1, unnoticed
         check_keys(f"eval.math_sources.{name}", source, MATH_SOURCE_KEYS)
     splits: dict[str, MathSplit] = {}
+    check_split_names((eval_params.get("splits") or {}).get("math") or [], "eval.splits.math")
     for name in (eval_params.get("splits") or {}).get("math") or []:
         if name not in sources or not (sources[name] or {}).get("path"):
             raise ValueError(f"eval.splits.math names {name!r}, which has no path in eval.math_sources")

@@ -59,7 +59,14 @@ from selfcest.data.qa import (  # noqa: E402
 )
 from selfcest.data.validation import QAValidationError, check_limits, validate_records  # noqa: E402
 from selfcest.param_checks import check_keys  # noqa: E402
-from stages.common import PARAMS_FILE, load_params, resolve_source, setup_logging, write_json  # noqa: E402
+from stages.common import (  # noqa: E402
+    PARAMS_FILE,
+    check_split_names,
+    load_params,
+    resolve_source,
+    setup_logging,
+    write_json,
+)
 
 log = logging.getLogger("prepare_qa")
 
@@ -514,6 +521,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     prepared = prepare(load_params(args.params))
     splits, quarantined, metrics = prepared.splits, prepared.quarantined, prepared.metrics
+    check_split_names(splits, "qa.synthetic.splits / qa.real.sources")  # before the old files go
     # Start from an empty directory so a split dropped from the params leaves no stale files (and a
     # stopped run leaves no old split beside its new quarantine).
     if args.out.exists():

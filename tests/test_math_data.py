@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -299,3 +300,17 @@ def test_the_stage_refuses_a_misspelt_math_source_setting(tmp_path: Path) -> Non
     params = _stage_params(tmp_path, {"aime24": {"path": str(AIME24), "avgk": 8}}, [])
     with pytest.raises(ValueError, match=r"^eval\.math_sources\.aime24: unknown key\(s\) \['avgk'\]"):
         prepare_math.main(["--params", str(params)])
+
+
+def test_the_stage_refuses_a_split_named_like_its_quarantine_or_a_path(tmp_path: Path) -> None:
+    """A split named `quarantine` was written to quarantine.jsonl and then overwritten by the
+    quarantine list (the report still said its records were kept); `../x` would write outside."""
+    from stages import prepare_math
+
+    for name in ("quarantine", "../aime24", ".hidden"):
+        params = _stage_params(tmp_path, {name: {"path": str(AIME24)}}, [name])
+        with pytest.raises(
+            ValueError, match=rf"^eval.splits.math: a split may not be named '{re.escape(name)}'"
+        ):
+            prepare_math.main(["--params", str(params), "--out", str(tmp_path / "out")])
+        assert not (tmp_path / "out").exists()

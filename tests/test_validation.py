@@ -707,3 +707,20 @@ def test_an_answer_in_context_source_that_no_source_has_is_refused_naming_it(tmp
     assert [(q.record_id, q.reasons) for q in quarantined] == [
         (wiki[0]["_id"], ["expectation: answer_in_context"])
     ]
+
+
+def test_a_real_source_named_like_the_quarantine_stops_before_the_old_outputs_go(tmp_path: Path) -> None:
+    """A split named `quarantine` was written to quarantine.jsonl and then overwritten by the
+    quarantine list; it is refused, and the folder's old files stay."""
+    sys.path.insert(0, str(ROOT))
+    from stages import prepare_qa
+
+    params = tmp_path / "params.yaml"
+    source = {"name": "quarantine", "format": "2wiki", "path": str(WIKI)}
+    params.write_text(yaml.safe_dump(_real_only(tmp_path, [source])))
+    out = tmp_path / "qa"
+    out.mkdir()
+    (out / "old.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError, match=r"a split may not be named 'quarantine'"):
+        prepare_qa.main(["--params", str(params), "--out", str(out), "--reports", str(tmp_path / "reports")])
+    assert (out / "old.jsonl").exists()
