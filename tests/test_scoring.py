@@ -89,6 +89,11 @@ def test_extract_last_answer_never_raises(text: str) -> None:
         ("Answer: " + "9" * 5000, 0, 0.0),  # beyond int/str limits: wrong, not an exception
         (None, 0, 0.0),
         ("**Answer:** 12", 12, 1.0),
+        ("Answer: $1{,}234{,}567$", 1234567, 1.0),  # LaTeX thousands separators (read as 567)
+        ("Answer: 1\\,234\\,567", 1234567, 1.0),
+        ("Answer: \u20131234567", 1234567, 0.0),  # an en dash as the minus sign (was full credit)
+        ("Answer: \u20131234567", -1234567, 1.0),
+        ("Answer: 3\u20135", 5, 1.0),  # an en dash after a digit is no sign
     ],
 )
 def test_score_arithmetic(text: str | None, gold: int, score: float) -> None:
@@ -178,6 +183,8 @@ def test_qa_real_records_match_themselves() -> None:
         ("no box", None),
         (None, None),
         ("\\boxed", None),
+        ("so \\boxed 5.", "5"),  # a sentence's full stop is no part of a brace-less box
+        ("\\boxed\n{5}", "5"),  # any whitespace before the brace
     ],
 )
 def test_last_boxed(text: object, expected: str | None) -> None:
@@ -297,6 +304,57 @@ def test_math_equivalent_in_a_worker_thread() -> None:
     worker.start()
     worker.join(timeout=30)
     assert results == [True]
+
+
+def test_math_equivalent_is_bounded_off_the_main_thread() -> None:
+    """Off the main thread math-verify's timeouts were off, and nine characters (`9^{9^{9}}`: sympy
+    works out the power in one C call) never returned. The comparison now runs in a child process
+    that is killed at the deadline; the next call starts a new one."""
+    import selfcest.scoring as scoring
+
+    results: list[tuple[bool, bool]] = []
+    previous = scoring.MATH_VERIFY_DEADLINE_S
+    scoring.MATH_VERIFY_DEADLINE_S = 3
+    try:
+        worker = threading.Thread(
+            target=lambda: results.append(
+                (math_equivalent("Answer: 9^{9^{9}}", "1"), math_equivalent("Answer: 0.5", "\\frac{1}{2}"))
+            )
+        )
+        worker.start()
+        worker.join(timeout=120)
+    finally:
+        scoring.MATH_VERIFY_DEADLINE_S = previous
+    assert results == [(False, True)]
+
+
+def test_a_callers_watchdog_is_not_swallowed() -> None:
+    """`except BaseException` caught math-verify's timeout and a caller's own watchdog alike: the
+    caller's exception (pytest-timeout's, say) vanished into a False."""
+
+    class Watchdog(Exception):
+        pass
+
+    def fire(*_: object) -> None:
+        raise Watchdog
+
+    previous = signal.getitimer(signal.ITIMER_REAL)
+    handler = signal.signal(signal.SIGALRM, fire)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(Watchdog):
+            math_equivalent("Answer: 9^{9^{9}}", "1")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *previous)
+        signal.signal(signal.SIGALRM, handler)
+    assert math_equivalent("\\boxed{7}", "7")  # the interrupted request left no stale reply
+
+
+def test_an_answer_in_display_math_on_its_own_lines_is_read() -> None:
+    assert math_final_answer("Answer:\n\\[\n\\frac{1}{2}\n\\]") == "\\frac{1}{2}"
+    assert math_final_answer("Answer:\n$$\n3\n$$") == "3"
+    assert math_final_answer("Answer:\n\\[\n3") == "\\["  # never closed: left as it was
+    assert math_equivalent("Answer:\n\\[\n\\frac{1}{2}\n\\]", "\\frac{1}{2}")
 
 
 def test_math_equivalent_keeps_an_outer_alarm() -> None:

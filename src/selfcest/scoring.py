@@ -2,17 +2,21 @@
 
 Every scorer takes raw model text and never raises on odd input (None, empty, huge, unbalanced
 braces): a malformed answer is simply wrong. Answers are read from the LAST `Answer:` marker
-(the release reads the first integer anywhere, which rewards hedging) and math from the LAST
-`\\boxed{}`.
+(the release reads the last integer anywhere in the text, so a number written after the answer
+replaces it) and math from the LAST `\\boxed{}`.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
+import select
 import signal
 import string
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -38,6 +42,11 @@ ANSWER_MARKER = "Answer:"
 MAX_MATH_ANSWER_CHARS = 1000
 # Seconds per math-verify parse/compare (its own SIGALRM timeout, when usable; see below).
 MATH_VERIFY_TIMEOUT_S = 5
+# Where those timeouts cannot be used, the comparison runs in a child process, killed after this
+# many seconds (a gold parse, an answer parse and a compare, with room to spare).
+MATH_VERIFY_DEADLINE_S = 3 * MATH_VERIFY_TIMEOUT_S + 5
+# How long that child may take to start (it imports sympy) before it counts as failed.
+MATH_VERIFY_STARTUP_S = 120
 
 
 def extract_last_answer(text: object) -> str | None:
@@ -61,17 +70,20 @@ def extract_last_answer(text: object) -> str | None:
 # An optional sign only where it cannot be a binary operator (not after a digit, letter or ')'),
 # digits with optional comma thousands groups, and an optional decimal part (so "42.0" is 42 and
 # "42.5" is not an integer rather than being read as "5").
-_NUMBER_RE = re.compile(r"(?:(?<![\w)])[-+\u2212])?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
+# The minus sign (U+2212) and the en dash (U+2013, a typeset minus) are signs too.
+_NUMBER_RE = re.compile(r"(?:(?<![\w)])[-+\u2212\u2013])?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
+# LaTeX's thousands separators, `1{,}234` and `1\,234`, between digits: read as `1,234`.
+_LATEX_THOUSANDS_RE = re.compile(r"(?<=\d)(?:\{,\}|\\,)(?=\d{3})")
 
 
 def parse_last_integer(text: str | None) -> int | None:
     """The last number in `text` as an int; None if there is none or it has a non-zero fraction."""
     if not text:
         return None
-    matches = _NUMBER_RE.findall(text)
+    matches = _NUMBER_RE.findall(_LATEX_THOUSANDS_RE.sub(",", text))
     if not matches:
         return None
-    token = matches[-1].replace(",", "").replace("\u2212", "-")
+    token = matches[-1].replace(",", "").replace("\u2212", "-").replace("\u2013", "-")
     whole, _, fraction = token.partition(".")
     if fraction.strip("0"):
         return None
@@ -193,14 +205,14 @@ def _last_non_empty_box(text: object, max_chars: int = 20_000) -> tuple[str | No
 
 def _box_content(text: str, i: int, max_chars: int) -> str | None:
     """The box content that starts at `text[i]` (just after `\\boxed`); None when unbalanced or too long."""
-    while i < len(text) and text[i] == " ":
+    while i < len(text) and text[i].isspace():  # `\boxed {5}`, and `\boxed` at a line's end
         i += 1
     if i >= len(text):
         return None
     if text[i] != "{":
-        # `\boxed 5`: the content runs to the next whitespace or `$`.
+        # `\boxed 5`: the content runs to the next whitespace or `$`, less a sentence's "." or ","
         bare = re.match(r"[^\s$]*", text[i:])
-        return (bare.group(0) or None) if bare else None
+        return (bare.group(0).rstrip(".,;") or None) if bare else None
     depth, start = 0, i + 1
     for j in range(i, min(len(text), start + max_chars + 1)):
         ch = text[j]
@@ -221,7 +233,8 @@ def _signal_timeouts_usable() -> bool:
     They raise ValueError off the main thread (documented: pass timeout=None there). On the main
     thread they are still unsafe if an outer ITIMER_REAL alarm is armed (pytest-timeout's signal
     method, a caller's own watchdog): math-verify's `signal.alarm(0)` would cancel it. In both
-    cases we disable math-verify's timeouts and rely on the bounded input size instead.
+    cases the comparison runs in `_VerifyWorker`'s child process instead: the bounded input size
+    alone does not bound it (`9^{9^{9}}`, nine characters, never returns).
     """
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -260,6 +273,10 @@ def _parse_gold(gold_text: str, timeout: int | None) -> tuple[object, ...]:
     return tuple(parse(_as_boxed(gold_text), parsing_timeout=timeout))
 
 
+_DISPLAY_MATH = {"\\[": "\\]", "$$": "$$", "\\(": "\\)"}
+"""An opening delimiter alone on the answer line, and what closes it."""
+
+
 def math_final_answer(text: object) -> str | None:
     """The answer a math prediction gives, whichever of these comes last: the content of its last
     non-empty `\\boxed{}`, or the line after its last `Answer:` without a sentence's closing
@@ -276,6 +293,11 @@ def math_final_answer(text: object) -> str | None:
         return boxed.strip()
     if answer is None:
         return None
+    if answer in _DISPLAY_MATH:  # `Answer:` then `\[`, the answer, `\]` on lines of their own
+        rest = text[marker_at + len(ANSWER_MARKER) :]  # type: ignore[index]
+        start = rest.index(answer) + len(answer)
+        end = rest.find(_DISPLAY_MATH[answer], start)
+        answer = " ".join(rest[start:end].split()) if end > start else answer
     answer = answer.rstrip(" .;,")  # not "!": 5! is a factorial
     if len(answer) > 4 and answer.startswith("**") and answer.endswith("**"):
         answer = answer[2:-2].strip().rstrip(" .;,")
@@ -289,21 +311,113 @@ def math_equivalent(pred_text: str | None, gold: str | int) -> bool:
     last `Answer:`, whichever comes last.
     `gold` is the reference answer (LaTeX without `$`, e.g. `\\frac{1}{8}` or "033"). Never raises.
     """
-    from math_verify import parse, verify  # deferred: importing sympy takes about a second
-
     answer = math_final_answer(pred_text)
     gold_text = str(gold).strip()
     if not answer or not gold_text or len(answer) > MAX_MATH_ANSWER_CHARS:
         return False
-    timeout: int | None = MATH_VERIFY_TIMEOUT_S if _signal_timeouts_usable() else None
+    if _signal_timeouts_usable():
+        return _verify(answer, gold_text, MATH_VERIFY_TIMEOUT_S)
+    return _VERIFY_WORKER.verify(answer, gold_text)
+
+
+def _verify(answer: str, gold_text: str, timeout: int) -> bool:
+    """math-verify's verdict on `answer` against `gold_text`, under its own SIGALRM timeouts (main
+    thread, no outer timer); False where it fails or times out."""
+    from math_verify import parse, verify  # deferred: importing sympy takes about a second
+    from math_verify.errors import TimeoutException
+
     try:
         gold_parsed = _parse_gold(gold_text, timeout)
         pred_parsed = parse(_as_boxed(answer), parsing_timeout=timeout)
         if not gold_parsed or not pred_parsed:
             return False
         return bool(verify(list(gold_parsed), pred_parsed, timeout_seconds=timeout))
-    except BaseException as exc:  # math_verify's TimeoutException derives from BaseException
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
+    # TimeoutException derives from BaseException: named, so that a caller's own watchdog exception
+    # (pytest-timeout's, say) is not swallowed with it.
+    except (Exception, TimeoutException) as exc:
         log.debug("math-verify failed on %r vs %r: %s", answer, gold_text, exc)
         return False
+
+
+class _VerifyWorker:
+    """math-verify in one child process with a hard deadline, for callers where its SIGALRM timeouts
+    cannot be used (off the main thread, or under an outer timer).
+
+    Why a process: sympy evaluates `9^{9^{9}}` in one C call that neither a signal nor a thread can
+    stop; only killing the process bounds it. The child (`serve_verifications`) reads one JSON
+    `[answer, gold]` per line and answers `true`/`false`; it runs on its own main thread, so the
+    SIGALRM timeouts work there too. Calls from several threads take turns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[str] | None = None
+
+    def verify(self, answer: str, gold_text: str) -> bool:
+        with self._lock:
+            finished = False
+            try:
+                process = self._running()
+                if process is None:
+                    return False
+                assert process.stdin is not None
+                process.stdin.write(json.dumps([answer, gold_text]) + "\n")
+                process.stdin.flush()
+                line = self._read_line(process, MATH_VERIFY_DEADLINE_S)
+                finished = line is not None
+                if line is None:
+                    log.warning(
+                        "math-verify took over %d s on %r: judged wrong", MATH_VERIFY_DEADLINE_S, answer
+                    )
+                return line == "true"
+            except OSError as exc:  # the child died between calls
+                log.debug("math-verify's worker failed: %s", exc)
+                return False
+            finally:
+                if not finished:  # killed, timed out, or interrupted mid-request: its reply would
+                    self._stop()  # answer the next call
+
+    def _running(self) -> subprocess.Popen[str] | None:
+        if self._process is not None and self._process.poll() is None:
+            return self._process
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", "from selfcest.scoring import serve_verifications; serve_verifications()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self._read_line(self._process, MATH_VERIFY_STARTUP_S) != "ready":
+            log.warning("math-verify's worker did not start: math answers are judged wrong")
+            self._stop()
+            return None
+        return self._process
+
+    @staticmethod
+    def _read_line(process: subprocess.Popen[str], seconds: float) -> str | None:
+        """The child's next line, or None when none comes within `seconds` (one request is in flight
+        at a time, so nothing waits in the reader's buffer when select() is asked)."""
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], seconds)
+        line = process.stdout.readline() if ready else ""
+        return line.strip() if line else None
+
+    def _stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            for stream in (self._process.stdin, self._process.stdout):
+                if stream is not None:
+                    stream.close()
+        self._process = None
+
+
+_VERIFY_WORKER = _VerifyWorker()
+
+
+def serve_verifications() -> None:
+    """`_VerifyWorker`'s child: `ready` once math-verify is imported, then one verdict per request."""
+    import math_verify  # noqa: F401  (the slow import, done before `ready`)
+
+    print("ready", flush=True)
+    for line in sys.stdin:
+        answer, gold_text = json.loads(line)
+        print("true" if _verify(str(answer), str(gold_text), MATH_VERIFY_TIMEOUT_S) else "false", flush=True)
