@@ -312,3 +312,19 @@ def test_a_checkpoint_cadence_off_the_logging_cadence_is_refused_by_name() -> No
     ):
         WarmupConfig(logging_steps=10, save_steps=15)
     WarmupConfig(logging_steps=10, save_steps=20)
+
+
+def test_counts_that_are_no_whole_number_of_at_least_their_minimum_are_refused_by_name() -> None:
+    """transformers reads max_steps <= 0 as "train by epochs" (-1 trained three, 0 one step), and
+    the QA record counts are slice bounds: -1 sliced from the end, 1.9 and true were read as 1."""
+    from selfcest.warmup import warmup_settings
+
+    for name, bad in [("max_steps", 0), ("max_steps", -1), ("batch_size", 0), ("logging_steps", 0)]:
+        with pytest.raises(ValueError, match=rf"^warmup.{name}: expected an integer >= 1, got {bad}"):
+            WarmupConfig(**{name: bad})
+    for name in ("qa_records", "qa_root_only_records"):
+        for bad in (-1, 1.9, True):
+            with pytest.raises(ValueError, match=rf"^warmup.{name}: expected an integer >= 0, got {bad!r}"):
+                warmup_settings({name: bad}, seed=1)
+    settings = warmup_settings({"qa_records": 2, "qa_root_only_records": 0}, seed=1)
+    assert (settings.qa_records, settings.qa_root_only_records) == (2, 0)

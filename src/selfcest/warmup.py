@@ -23,6 +23,7 @@ from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from selfcest.checkpoints import CsvLogCallback, prepare_run_dir
+from selfcest.param_checks import int_setting
 from selfcest.teachers import TeacherConfig, build_warmup_conversations
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,11 @@ class WarmupConfig:
     """torch threads; 0 keeps torch's default."""
 
     def __post_init__(self) -> None:
-        if self.logging_steps < 1 or self.save_steps % self.logging_steps:
+        # transformers reads max_steps <= 0 as "train by epochs" (-1: three of them, 0: one step):
+        # a run of another length than asked, written as a normal one
+        for name in ("max_steps", "batch_size", "max_length", "logging_steps", "save_steps"):
+            int_setting(getattr(self, name), f"warmup.{name}", minimum=1)
+        if self.save_steps % self.logging_steps:
             raise ValueError(
                 f"warmup.save_steps ({self.save_steps}) must be a multiple of warmup.logging_steps "
                 f"({self.logging_steps}): a resumed run's first logging window starts at its checkpoint"
@@ -89,8 +94,11 @@ def warmup_settings(warmup: Mapping[str, Any], *, seed: int) -> WarmupSettings:
     (YAML lists become the tuples the dataclass declares). Unknown keys fail here, by name."""
     training = dict(warmup)
     teacher = training.pop("teacher", {}) or {}
-    qa_records = int(training.pop("qa_records", 0))
-    qa_root_only_records = int(training.pop("qa_root_only_records", 0))
+    # Slice bounds: a negative count would slice from the list's end, 1.9 or true be read as 1
+    qa_records = int_setting(training.pop("qa_records", 0), "warmup.qa_records", minimum=0)
+    qa_root_only_records = int_setting(
+        training.pop("qa_root_only_records", 0), "warmup.qa_root_only_records", minimum=0
+    )
     return WarmupSettings(
         training=WarmupConfig(seed=seed, **training),
         teacher=TeacherConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in teacher.items()}),
