@@ -13,7 +13,8 @@ flow run does no work. The flow only orchestrates; it imports nothing from the l
     PREFECT_API_URL=http://127.0.0.1:4200/api python flows/pipeline.py --serve --interval 3600
 
 A served deployment runs one flow run at a time: a run that comes due while the last one is still
-running waits for it (two `dvc repro` in one repo would fail on DVC's lock).
+running waits for it (two `dvc repro` in one repo would fail on DVC's lock). `--stage-timeout
+SECONDS` stops (and fails) a stage that runs longer, with the processes it started.
 
 Each stage's output (DVC's and the stage's own log) reaches the Prefect log line by line as it is
 written, so a long warm-up shows its progress while it runs.
@@ -24,8 +25,10 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections import deque
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -74,9 +77,29 @@ def stage_order(repo_dir: Path, targets: list[str] | None = None) -> list[str]:
         return [stage.name for stage in nx.lexicographical_topological_sort(graph.reverse(), key=str)]
 
 
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    """End a stage's process group (dvc and the stage it runs) if it is still running: SIGTERM, then
+    SIGKILL after 10 s."""
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
 @task(retries=2, retry_delay_seconds=10, task_run_name="dvc-repro-{stage}")
-def repro_stage(stage: str, repo_dir: str) -> str:
-    """Run one DVC stage; DVC skips it when nothing it depends on changed. Returns its output."""
+def repro_stage(stage: str, repo_dir: str, timeout_s: float | None = None) -> str:
+    """Run one DVC stage; DVC skips it when nothing it depends on changed. Returns its output.
+
+    `timeout_s`: a stage still running after this many seconds is stopped (its whole process group)
+    and fails, so that a hung stage does not hold DVC's lock, and every scheduled run behind it, for
+    ever. The stage also stops when this task ends any other way (an error, Ctrl-C)."""
     logger = get_run_logger()
     command = [sys.executable, "-m", "dvc", "repro", "--single-item", stage]
     logger.info("running %s in %s", " ".join(command), repo_dir)
@@ -84,19 +107,42 @@ def repro_stage(stage: str, repo_dir: str) -> str:
     # on PATH, or a flow started as `.venv/bin/python flows/pipeline.py` runs them on another Python.
     env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
     lines: deque[str] = deque(maxlen=2000)
+    timed_out = threading.Event()
+    # A session of its own: the stage and what it starts are one process group, stopped together.
     with subprocess.Popen(
-        command, cwd=repo_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        command,
+        cwd=repo_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     ) as process:
-        assert process.stdout is not None
-        # Lines end at "\n" only: text mode's universal newlines would also end one at every "\r" a
-        # progress bar writes, and log each refresh of the warm-up's bar as a line of its own.
-        output = io.TextIOWrapper(process.stdout, encoding="utf-8", errors="replace", newline="\n")
-        for raw in output:
-            # A progress bar's last state; a trailing "\r" (a CRLF line, a bar's final refresh) first,
-            # or the text before it would be lost.
-            line = raw.rstrip("\n").rstrip("\r").rsplit("\r", 1)[-1]
-            lines.append(line)
-            logger.info(line)
+        watchdog = None
+        if timeout_s is not None:
+            watchdog = threading.Timer(timeout_s, lambda: (timed_out.set(), _stop_group(process)))
+            watchdog.daemon = True
+            watchdog.start()
+        try:
+            assert process.stdout is not None
+            # Lines end at "\n" only: text mode's universal newlines would also end one at every "\r"
+            # a progress bar writes, and log each refresh of the warm-up's bar as a line of its own.
+            output = io.TextIOWrapper(process.stdout, encoding="utf-8", errors="replace", newline="\n")
+            for raw in output:
+                # A progress bar's last state; a trailing "\r" (a CRLF line, a bar's final refresh)
+                # first, or the text before it would be lost.
+                line = raw.rstrip("\n").rstrip("\r").rsplit("\r", 1)[-1]
+                lines.append(line)
+                logger.info(line)
+            process.wait()
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+            _stop_group(process)
+    if timed_out.is_set():
+        raise TimeoutError(
+            f"dvc repro {stage} was still running after {timeout_s:g} s and was stopped; its last lines:\n"
+            + "\n".join(list(lines)[-20:])
+        )
     if process.returncode != 0:
         raise RuntimeError(
             f"dvc repro {stage} failed with exit code {process.returncode}; its last lines:\n"
@@ -106,11 +152,14 @@ def repro_stage(stage: str, repo_dir: str) -> str:
 
 
 @flow(name="selfcest-pipeline", log_prints=True)
-def pipeline(repo_dir: str = str(REPO_ROOT), stages: list[str] | None = None) -> dict[str, str]:
-    """Every DVC stage in order; a stage starts only after the stages before it succeeded."""
+def pipeline(
+    repo_dir: str = str(REPO_ROOT), stages: list[str] | None = None, stage_timeout_s: float | None = None
+) -> dict[str, str]:
+    """Every DVC stage in order; a stage starts only after the stages before it succeeded.
+    `stage_timeout_s`: each stage's limit (none by default; `repro_stage`)."""
     outputs: dict[str, str] = {}
     for stage in stage_order(Path(repo_dir), stages):
-        outputs[stage] = repro_stage(stage, repo_dir)
+        outputs[stage] = repro_stage(stage, repo_dir, stage_timeout_s)
     return outputs
 
 
@@ -144,7 +193,15 @@ def main() -> None:
         "--interval", type=float, help="schedule for --serve: every this many seconds, on round times"
     )
     parser.add_argument("--name", help="the deployment's name for --serve (default: selfcest-nightly)")
+    parser.add_argument(
+        "--stage-timeout",
+        type=float,
+        help="stop a stage (and fail it) after this many seconds (default: no limit; the default "
+        "profile's longest stage, the warm-up, takes about 20 minutes on two cores)",
+    )
     args = parser.parse_args()
+    if args.stage_timeout is not None and not 0 < args.stage_timeout < float("inf"):
+        parser.error(f"--stage-timeout must be a positive number of seconds, got {args.stage_timeout}")
     if not args.serve:
         given = [f"--{flag}" for flag in ("cron", "interval", "name") if getattr(args, flag) is not None]
         if given:  # else the whole pipeline would start now instead of on a schedule
@@ -152,7 +209,7 @@ def main() -> None:
         # A mistyped stage or repo is a usage error, checked before the flow starts: inside it, it
         # started Prefect's temporary server, recorded a failed flow run and printed two tracebacks.
         _check_stages(parser, Path(args.repo), args.stages)
-        pipeline(repo_dir=args.repo, stages=args.stages)
+        pipeline(repo_dir=args.repo, stages=args.stages, stage_timeout_s=args.stage_timeout)
         return
     if args.interval is not None and args.interval <= 0:
         parser.error(f"--interval must be positive, got {args.interval}")
@@ -179,7 +236,7 @@ def main() -> None:
     _check_stages(parser, repo_dir, args.stages)  # a wrong repo or stage stops here, not at the first run
     pipeline.serve(
         name=args.name or "selfcest-nightly",
-        parameters={"repo_dir": str(repo_dir), "stages": args.stages},
+        parameters={"repo_dir": str(repo_dir), "stages": args.stages, "stage_timeout_s": args.stage_timeout},
         schedules=[when],
         limit=1,  # one run at a time: a run due while another runs waits for it
     )

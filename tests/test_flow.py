@@ -93,6 +93,42 @@ def test_a_stages_crlf_lines_and_final_progress_state_are_kept(
     assert "step 3/3" in lines and "windows line" in lines and "step 1/3" not in lines
 
 
+def test_a_stage_past_its_time_limit_is_stopped_with_what_it_started(
+    dvc_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hung stage blocked the flow (and every scheduled run behind it) for ever, and its process
+    outlived the flow. With a limit, the stage's whole process group is stopped and the task fails."""
+    import logging
+
+    import flows.pipeline as module
+
+    (dvc_repo / "hang.py").write_text(
+        "import os, pathlib, time\npathlib.Path('pid').write_text(str(os.getpid()))\ntime.sleep(600)\n"
+    )
+    (dvc_repo / "dvc.yaml").write_text("stages:\n  hang:\n    cmd: python hang.py\n    outs: [never.txt]\n")
+    monkeypatch.setattr(module, "get_run_logger", lambda: logging.getLogger("test_flow"))
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"dvc repro hang was still running after 8 s and was stopped"):
+        module.repro_stage.fn("hang", str(dvc_repo), timeout_s=8)
+    assert time.monotonic() - started < 60
+    # the stage's own process, below dvc, is gone (dead: no process, or a zombie left to be reaped)
+    stat = Path("/proc") / (dvc_repo / "pid").read_text() / "stat"
+
+    def running() -> bool:
+        try:
+            return stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while running():
+        assert time.monotonic() < deadline, "the stage's process outlived the stopped stage"
+        time.sleep(0.2)
+    with pytest.raises(SystemExit):
+        monkeypatch.setattr(sys, "argv", ["pipeline.py", "--stage-timeout", "0", "--repo", str(dvc_repo)])
+        module.main()
+
+
 def test_a_bad_cron_is_a_usage_error(dvc_repo: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -160,7 +196,7 @@ def test_serving_needs_a_prefect_server_and_runs_one_flow_run_at_a_time(
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
         module.main()
     assert served["limit"] == 1
-    assert served["parameters"] == {"repo_dir": str(dvc_repo), "stages": None}  # absolute
+    assert served["parameters"] == {"repo_dir": str(dvc_repo), "stages": None, "stage_timeout_s": None}
 
 
 def test_stage_groups_select_every_cell_of_a_foreach_stage() -> None:
@@ -284,7 +320,11 @@ def test_a_served_deployment_runs_on_its_schedule_on_a_real_prefect_server(
                     return None
 
             registered = _wait_for(deployment, "the deployment", 120, server, served)
-            assert registered.parameters == {"repo_dir": str(dvc_repo), "stages": None}
+            assert registered.parameters == {
+                "repo_dir": str(dvc_repo),
+                "stages": None,
+                "stage_timeout_s": None,
+            }
             assert [s.schedule.interval.total_seconds() for s in registered.schedules] == [20]
             assert registered.schedules[0].schedule.anchor_date.year == 2020  # round times, not serve time
             only_ours = DeploymentFilter(id=DeploymentFilterId(any_=[registered.id]))
