@@ -178,6 +178,8 @@ def test_read_metrics_names_the_source_and_what_is_wrong() -> None:
 
 
 def test_run_labels_name_the_seed_and_the_working_tree() -> None:
+    with pytest.raises(ValueError, match=r"two runs would share the label workspace \(seed 42\)"):
+        run_labels([None, ""], [[42], [42]])
     assert run_labels(["HEAD", None, "abc", "refs/exps/b2/9e1f/seed44"], [[42], [43], [], [44, 43]]) == [
         "HEAD (seed 42)",
         "workspace (seed 43)",
@@ -336,6 +338,11 @@ def test_spread_refuses_one_run_under_two_names_and_names_files_apart_from_git_r
     )
     assert cli_main(["spread", "seed43", "runs/nope/metrics.json", *common]) == 2
     assert "runs/nope/metrics.json: no such metrics file (relative to" in capsys.readouterr().err
+    # a metrics file in the current folder has no folder name: it was labelled `workspace`, and
+    # given beside the working tree's own run the two pooled as one
+    monkeypatch.chdir(tmp_path / "runs" / "seed43")
+    assert cli_main(["spread", "workspace", "metrics.json", *common]) == 0
+    assert "Runs: `workspace`, `metrics.json`." in capsys.readouterr().out
     # a paired count away from the benchmark's reference budget is refused where the file is read
     off = _with_paired(metrics, arithmetic_ood=(512, 1, 0))
     with pytest.raises(

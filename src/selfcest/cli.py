@@ -308,6 +308,7 @@ def cmd_spread(args: argparse.Namespace) -> int:
     names = [
         files[rev].parent.name
         if rev in files
+        and files[rev].parent.name  # `metrics.json` in this folder: no folder name, its path
         and files[rev].parent.name not in git_names
         and folders.count(files[rev].parent.name) == 1
         else rev

@@ -237,8 +237,13 @@ def run_labels(revisions: Sequence[str | None], seeds: Sequence[Sequence[int]]) 
         (revision or "workspace") if names.count(name) > 1 else name
         for name, revision in zip(names, revisions, strict=True)
     ]
-    return [
+    labels = [
         name
         + (f" ({'seed' if len(values) == 1 else 'seeds'} {', '.join(map(str, values))})" if values else "")
         for name, values in zip(names, seeds, strict=True)
     ]
+    # Runs are keyed by label: two runs under one label would silently pool as one.
+    shared = sorted({label for label in labels if labels.count(label) > 1})
+    if shared:
+        raise ValueError(f"two runs would share the label {', '.join(shared)}: name them apart")
+    return labels
