@@ -183,6 +183,17 @@ def test_selfcest_compare_names_a_missing_revision(
     assert not (tmp_path / "changes.md").exists()
 
 
+def test_selfcest_compare_names_an_out_path_it_cannot_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An --out that is a file stopped with a FileExistsError traceback."""
+    taken = tmp_path / "outfile"
+    taken.write_text("mine\n", encoding="utf-8")
+    assert cli_main(["compare", "HEAD", "workspace", "--repo", str(REPO), "--out", str(taken)]) == 2
+    assert f"error: --out {taken}: " in capsys.readouterr().err
+    assert taken.read_text(encoding="utf-8") == "mine\n"
+
+
 SWEEP = """\
 dataset,split,method,checkpoint,budget,n,accuracy,f1,gen_tokens,total_tokens,critical_tokens,seconds,clones
 qa,test,base,warmup_model,64,48,0.5,0.6,14.0,300.0,14.0,0.01,0.0

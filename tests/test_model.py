@@ -228,6 +228,39 @@ def test_cli_solve_names_a_bad_model_path_or_documents_file(
     absent = tmp_path / "absent.json"
     assert cli_main(["solve", "--model", str(tiny_checkpoint), "--documents", str(absent), "hi"]) == 2
     assert f"--documents {absent}" in capsys.readouterr().err
+    latin = tmp_path / "latin.json"  # not UTF-8: a UnicodeDecodeError traceback before
+    latin.write_bytes('{"a": "caf\u00e9"}'.encode("latin-1"))
+    assert cli_main(["solve", "--model", str(tiny_checkpoint), "--documents", str(latin), "hi"]) == 2
+    assert f"--documents {latin}: 'utf-8' codec can't decode" in capsys.readouterr().err
+
+
+def test_cli_solve_refuses_counts_below_their_minimum_and_unknown_devices(
+    tiny_checkpoint: Path, capsys
+) -> None:
+    """`--budget -5` stopped on "episode cli overran its budget" (an assertion), and `--device auto`,
+    the pipeline's own default, or a GPU the machine lacks, failed deep in torch."""
+    import torch
+
+    for flag, value in [
+        ("--budget", "-5"),
+        ("--budget", "0"),
+        ("--clone-max-tokens", "0"),
+        ("--max-depth", "-1"),
+    ]:
+        with pytest.raises(SystemExit) as usage:
+            cli_main(["solve", "--model", str(tiny_checkpoint), flag, value, "Calculate the value of 1+2."])
+        assert usage.value.code == 2
+        assert f"argument {flag}: expected a whole number >= " in capsys.readouterr().err
+    assert cli_main(["solve", "--model", str(tiny_checkpoint), "--device", "gpu0", "hi"]) == 2
+    assert "error: --device gpu0: " in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert cli_main(["solve", "--model", str(tiny_checkpoint), "--device", "cuda", "hi"]) == 2
+        assert "this machine has no CUDA GPU" in capsys.readouterr().err
+    question = "Calculate the value of 1+2."
+    assert (
+        cli_main(["solve", "--model", str(tiny_checkpoint), "--device", "auto", "--budget", "32", question])
+        == 0
+    )
 
 
 def test_cli_solve_hands_halves_of_a_sum_by_key_as_the_pipeline_does(

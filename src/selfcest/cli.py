@@ -11,7 +11,7 @@ import argparse
 import json
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,6 +45,41 @@ def _tree_lines(episode: Episode, root_turn_tokens: int | None = None) -> list[s
 
     visit(episode.root, 0)
     return lines
+
+
+def _usable_device(name: str) -> str | None:
+    """`--device` as torch takes it: `auto` as the evaluation cells read it (`eval.sweep.device`:
+    CUDA where there is a GPU, else the CPU); None, with the error printed, for a name torch does not
+    know or a GPU this machine lacks (they failed deep in torch, with a traceback)."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        print(f"error: --device {name}: {exc}", file=sys.stderr)
+        return None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"error: --device {name}: this machine has no CUDA GPU (--device cpu or auto)", file=sys.stderr)
+        return None
+    return name
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least `minimum` (a negative budget ran, and stopped on
+    an internal assertion)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
@@ -84,7 +119,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.documents:
         try:
             documents = json.loads(Path(args.documents).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8 text
             print(f"error: --documents {args.documents}: {exc}", file=sys.stderr)
             return 2
         if not isinstance(documents, dict):
@@ -99,8 +134,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
                 f"error: {args.documents}: the paragraph of key {not_text[0]!r} is not text", file=sys.stderr
             )
             return 2
+    device = _usable_device(args.device)
+    if device is None:
+        return 2
     tokenizer = load_tokenizer(args.model)
-    model = load_model(args.model, device=args.device)
+    model = load_model(args.model, device=device)
     config = RuntimeConfig(
         use_tools=not args.no_tools,
         episode_token_budget=args.budget,
@@ -178,9 +216,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     table = changes_markdown(sweep_changes(*runs.values()), *labels)
-    (out / "changes.md").write_text(table, encoding="utf-8")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "changes.md").write_text(table, encoding="utf-8")
+    except OSError as error:  # a file where the folder should be, a folder it may not write
+        print(f"error: --out {args.out}: {error}", file=sys.stderr)
+        return 2
     print(table)
     if not any(runs.values()):  # two header-only sweeps: nothing to draw
         print("no rows in either sweep: no plots")
@@ -367,15 +409,15 @@ def main(argv: list[str] | None = None) -> int:
     solve.add_argument("question")
     solve.add_argument("--model", required=True, help="a local Hugging Face checkpoint directory")
     solve.add_argument("--documents", help="JSON file {key: paragraph} handed to clones by key")
-    solve.add_argument("--budget", type=int, default=1024, help="tree-wide generated-token budget")
+    solve.add_argument("--budget", type=_count(1), default=1024, help="tree-wide generated-token budget")
     solve.add_argument(
         "--root-max-tokens",
-        type=int,
+        type=_count(1),
         default=None,
         help="the root's own token cap (default: the runtime's 160; with --no-tools, --budget)",
     )
-    solve.add_argument("--clone-max-tokens", type=int, default=96)
-    solve.add_argument("--max-depth", type=int, default=1)
+    solve.add_argument("--clone-max-tokens", type=_count(1), default=96)
+    solve.add_argument("--max-depth", type=_count(0), default=1)
     solve.add_argument("--no-tools", action="store_true", help="monolithic: no spawn_clone tool")
     solve.add_argument(
         "--no-halves",
@@ -385,13 +427,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     solve.add_argument(
         "--halves-max-depth",
-        type=int,
+        type=_count(0),
         default=3,
         help="the tree depth of an episode that hands halves (runtime.expression_max_depth)",
     )
     solve.add_argument("--temperature", type=float, default=0.0)
     solve.add_argument("--seed", type=int, default=0)
-    solve.add_argument("--device", default="cpu")
+    solve.add_argument(
+        "--device", default="cpu", help="cpu, cuda, cuda:1, ... or auto (a GPU where there is one)"
+    )
     solve.add_argument("--json", action="store_true", help="print the whole episode record as JSON")
     solve.add_argument("--verbose", action="store_true", help="print every agent's full context")
     compare = commands.add_parser(
