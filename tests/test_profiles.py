@@ -171,6 +171,23 @@ def test_keys_a_dotted_override_cannot_spell_go_as_mappings_and_strings_round_tr
         assert _through_dvc(tmp_path / str(index), [override])["model"]["init_from"] == path, override
 
 
+def test_keys_inside_a_mapping_that_goes_as_one_value_are_checked_too() -> None:
+    """`sc@4: {temprature: 0.6}` went out as one value, unchecked, and DVC then refused it with
+    "Could not override 'eval.models.warmup_model'"; so did a split params.yaml's mapping lacks.
+    A list's item (`eval.budgets.qa.0=32`) became the mapping {0: 32}, which DVC refuses too."""
+    params = _params()
+    typo = {"eval": {"models": {"warmup_model": {"sc@4": {"temprature": 0.6}}}}}
+    with pytest.raises(ProfileError, match=r"does not have: eval.models.warmup_model.sc@4.temprature$"):
+        profile_overrides(typo, params)
+    smoke = load_profile(REPO / "profiles" / "smoke.yaml")
+    with pytest.raises(ProfileError, match=r"does not have: eval.sweep.max_problems.qa.2wiki_dev$"):
+        profile_overrides(smoke, params, ["eval.sweep.max_problems={qa: {2wiki_dev: 4}}"])
+    # over the paper profile's `max_problems: null` the mapping replaces the value: any split goes
+    assert profile_overrides(load_profile(PAPER), params, ["eval.sweep.max_problems={qa: {musique_dev: 10}}"])
+    with pytest.raises(ProfileError, match=r"give the whole list"):
+        profile_overrides({}, params, ["eval.budgets.qa.0=32"])
+
+
 def test_profile_files_read_as_yaml_1_2_and_broken_ones_are_named(tmp_path: Path, capsys) -> None:
     profile = tmp_path / "lr.yaml"
     profile.write_text(

@@ -124,6 +124,12 @@ def parse_set(item: str) -> tuple[str, Any]:
         ) from exc
     if override.is_sweep_override():
         raise ProfileError(f"--set {item!r}: a sweep (several values) is not one override")
+    if any(part.isdigit() for part in key.split(".")):
+        # `-S eval.budgets.qa.0=32` sets a list's item in DVC; merged here it would become the
+        # mapping {0: 32}, which DVC refuses
+        raise ProfileError(
+            f"--set {item!r}: give the whole list (e.g. eval.budgets.qa=[32,128,256]), not one item"
+        )
     return key, override.value()
 
 
@@ -148,6 +154,20 @@ def _merge(
             replaced.setdefault(f"{prefix}{key}", merged[key])
         merged[key] = value
     return merged
+
+
+def _unknown_nested(value: Any, known: Any, dotted: str) -> list[str]:
+    """The dotted keys inside the mapping `value` that the params mapping `known` lacks (none where
+    `known` is no mapping, which the value replaces, or an empty one, left open for the user)."""
+    if not isinstance(value, Mapping) or not isinstance(known, Mapping) or not known:
+        return []
+    found: list[str] = []
+    for key, item in value.items():
+        if key not in known:
+            found.append(f"{dotted}.{key}")
+        else:
+            found += _unknown_nested(item, known[key], f"{dotted}.{key}")
+    return found
 
 
 def _get(tree: Mapping[str, Any], dotted: str) -> Any:
@@ -198,6 +218,15 @@ def profile_overrides(
     missing = [key for key in merged if not _has_key(params, key)]
     added = {key for key in missing if _under_open_mapping(params, key)}
     unknown = [key for key in missing if key not in added]
+    # A mapping that goes as one value (a key Hydra cannot spell in a dotted override, `sc@4`) is
+    # merged into params.yaml's mapping there: a key inside it that params.yaml lacks is a typo, or
+    # a new key that DVC refuses inside a mapping (`Could not override`), so it is named here.
+    unknown += [
+        nested
+        for key, value in merged.items()
+        if key not in missing and key not in replaced
+        for nested in _unknown_nested(value, _get(params, key), key)
+    ]
     if unknown:
         raise ProfileError(f"keys that {params_name} does not have: {', '.join(unknown)}")
     first = [f"{key}={_value(value)}" for key, value in replaced.items()]
