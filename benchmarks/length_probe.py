@@ -102,7 +102,9 @@ QUESTION_PREFIX, QUESTION_SUFFIX = arithmetic_question("\0").split("\0")
 
 def first_spawn_is_exact(result: ProblemResult, expr: str) -> bool | None:
     """None when the root never spawned; else whether its first spawn's tasks rebuild `expr`."""
-    clones = [agent for agent in result.episodes[0].agents if agent.role != "root"]
+    # The root's own clones: a clone that halves again (expression halves) spawns clones of its
+    # own, whose `spawn_turn` is their parent's turn, not the root's
+    clones = [agent for agent in result.episodes[0].agents if agent.depth == 1]
     if not clones:
         return None
     first_turn = min(agent.spawn_turn for agent in clones)
@@ -289,7 +291,7 @@ def main() -> None:
                 agent
                 for result in forced
                 for agent in result.episodes[0].agents
-                if agent.role != "root" and agent.spawn_turn == 1
+                if agent.depth == 1 and agent.spawn_turn == 1  # the root's first spawn, not its clones'
             ]
             line["oracle_clones_right"] = round(
                 sum(_clone_is_right(agent) for agent in first_clones) / max(1, len(first_clones)), 3

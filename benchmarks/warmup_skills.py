@@ -53,8 +53,9 @@ from stages.train_grpo import TASK_FILES, grpo_records  # noqa: E402
 
 
 def first_and_later_clones(episode: Episode) -> tuple[list[AgentRecord], list[AgentRecord]]:
-    """The clones of the earliest spawn turn, and every other clone (both empty: no delegation)."""
-    clones = [agent for agent in episode.agents if agent.role != "root"]
+    """The root's clones of its earliest spawn turn, and its other clones (both empty: no
+    delegation). The root's own: a clone's clones carry their parent's turn as `spawn_turn`."""
+    clones = [agent for agent in episode.agents if agent.depth == 1]
     if not clones:
         return [], []
     first_turn = min(agent.spawn_turn for agent in clones)
@@ -68,8 +69,8 @@ def hop_keys_copied(episode: Episode, hops: list[dict]) -> tuple[bool, bool]:
     first, later = first_and_later_clones(episode)
     if not first:
         return False, False
-    return (
-        hops[0]["paragraph_key"] in first[0].context_keys,
+    return (  # any clone of the first spawn, as `qa_failure_stage` reads it
+        any(hops[0]["paragraph_key"] in agent.context_keys for agent in first),
         len(hops) > 1 and any(hops[1]["paragraph_key"] in agent.context_keys for agent in later),
     )
 

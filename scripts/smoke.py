@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,8 +36,34 @@ class SmokeError(RuntimeError):
     """A step of the smoke run failed; the message names the step and the copy it ran in."""
 
 
-def _run(args: list[str], cwd: Path, env: dict[str, str], capture: bool = False) -> str:
-    completed = subprocess.run(args, cwd=cwd, env=env, text=True, capture_output=capture)
+STEP_TIMEOUT_S = 1800
+"""A step still running after this long is stopped (the whole run takes 4-6 minutes on two cores):
+a hung stage would otherwise hold `make smoke` for ever."""
+
+
+def _run(
+    args: list[str], cwd: Path, env: dict[str, str], capture: bool = False, timeout_s: float = STEP_TIMEOUT_S
+) -> str:
+    # A session of its own, so that a step past its time is stopped with what it started (DVC's
+    # stage commands), not dvc alone.
+    with subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise SmokeError(f"`{' '.join(args)}` was still running in {cwd} after {timeout_s:g} s") from None
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    completed = subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
     if completed.returncode != 0:
         detail = f"\n{completed.stdout}\n{completed.stderr}" if capture else ""
         raise SmokeError(f"`{' '.join(args)}` failed in {cwd} (exit status {completed.returncode}){detail}")

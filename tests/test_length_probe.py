@@ -111,3 +111,20 @@ def test_halves_diagnostic_separates_the_clones_sums_from_the_roots_own_addition
     assert [r.correct for r in results] == [1.0, 0.0, 0.0]
     # halves are cut by the runtime: the chunk-copy measure does not apply to them
     assert length_probe.first_spawn_is_exact(results[0], exprs[0]) is False
+
+
+def test_the_first_spawn_is_the_roots_own_not_its_clones_clones() -> None:
+    """A clone that halves again spawns clones whose `spawn_turn` is its own turn: they were read as
+    the root's first spawn, so an exact spawn read as not exact and the oracle's clones as wrong."""
+    from types import SimpleNamespace
+
+    def agent(depth: int, turn: int | None, expr: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            depth=depth,
+            spawn_turn=turn,
+            task=length_probe.QUESTION_PREFIX + expr + length_probe.QUESTION_SUFFIX,
+        )
+
+    agents = [agent(0, None, "1+2-3+4"), agent(1, 1, "1+2"), agent(1, 1, "-3+4"), agent(2, 1, "1")]
+    result = SimpleNamespace(episodes=[SimpleNamespace(agents=agents)])
+    assert length_probe.first_spawn_is_exact(result, "1+2-3+4") is True

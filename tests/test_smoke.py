@@ -155,6 +155,34 @@ def test_the_smoke_script_names_what_it_cannot_run_with(tmp_path: Path) -> None:
         copy_working_tree(tmp_path / "used", tmp_path / "copy")
 
 
+def test_a_step_past_its_time_is_stopped_with_what_it_started(tmp_path: Path) -> None:
+    """`make smoke` had no limit: a hung stage held it for ever. A step (and its children) is
+    stopped after its time, and the run fails naming it."""
+    import os
+    import time
+
+    from scripts.smoke import _run
+
+    pid_file = tmp_path / "pid"
+    child = f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(600)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    started = time.monotonic()
+    with pytest.raises(SmokeError, match=r"was still running in .* after 5 s"):
+        _run([sys.executable, "-c", parent], tmp_path, dict(os.environ), timeout_s=5)
+    assert time.monotonic() - started < 30
+    stat = Path("/proc") / pid_file.read_text() / "stat"
+    deadline = time.monotonic() + 20
+    while stat.exists():  # the grandchild, not only the step, is gone (or a zombie to be reaped)
+        try:
+            if stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+                break
+        except FileNotFoundError:
+            break
+        assert time.monotonic() < deadline, "the step's child outlived it"
+        time.sleep(0.2)
+    assert _run([sys.executable, "-c", "print('ok')"], tmp_path, dict(os.environ), capture=True) == "ok\n"
+
+
 def test_the_copy_holds_tracked_and_untracked_files_but_not_ignored_or_deleted_ones(tmp_path: Path) -> None:
     source = tmp_path / "source"
     source.mkdir()

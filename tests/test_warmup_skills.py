@@ -67,3 +67,25 @@ def test_failure_stage_names_the_first_step_off_the_gold_path(
 ) -> None:
     assert warmup_skills.qa_failure_stage(_episode(first, second), HOPS) == stage
     assert stage == "no_delegation" or stage in warmup_skills.QA_FAILURE_STAGES
+
+
+def test_hop_keys_read_the_roots_own_first_spawn_as_the_failure_stages_do() -> None:
+    """`hop_keys_copied` looked at the first clone only, so a root that handed hop 1's key to its
+    second clone counted as "first key not copied" while `qa_failure_stage` passed it; and a clone's
+    own clones (their `spawn_turn` is their parent's turn) counted as the root's first spawn."""
+    agents = [
+        _agent("root", "root", None, [], "wrong"),
+        _agent("root/turn1_clone0", "clone", 1, ["Vivi"], "x"),  # a distractor listed first
+        _agent("root/turn1_clone1", "clone", 1, ["Rizo"], "Nori"),
+        _agent("root/turn2_clone0", "clone", 2, ["Nori"], "Tote"),
+    ]
+    episode = Episode(task_id="t", sample_index=0, mode="delegate", budget=128, agents=agents)
+    assert warmup_skills.hop_keys_copied(episode, HOPS) == (True, True)
+    assert warmup_skills.qa_failure_stage(episode, HOPS) == "after_second_spawn"
+    grandchild = _agent("root/turn1_clone1/turn1_clone0", "clone", 1, ["Nori"], "Tote")
+    grandchild.depth, grandchild.parent_id = 2, "root/turn1_clone1"
+    first, later = warmup_skills.first_and_later_clones(
+        Episode(task_id="t", sample_index=0, mode="delegate", budget=128, agents=[*agents, grandchild])
+    )
+    assert [a.agent_id for a in first] == ["root/turn1_clone0", "root/turn1_clone1"]
+    assert [a.agent_id for a in later] == ["root/turn2_clone0"]
