@@ -396,3 +396,21 @@ def test_grpo_variant_missing_or_incomplete_names_the_setting() -> None:
         ValueError, match=r"grpo.variants.noclone takes use_tools and gate only; missing: \['gate'\]"
     ):
         selfcest_config(params, "noclone")
+
+
+def test_a_reader_that_goes_away_gets_no_traceback() -> None:
+    """`selfcest profile ... | head` printed a BrokenPipeError traceback once head had read enough."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "selfcest.cli", "profile", str(PAPER)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before it writes: its first write finds no reader
+    errors = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 1
+    assert "Traceback" not in errors, errors

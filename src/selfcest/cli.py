@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -492,15 +493,16 @@ def main(argv: list[str] | None = None) -> int:
         help="NUL-separated arguments for `xargs -0 dvc exp run` (the default output is shell-quoted)",
     )
     args = parser.parse_args(argv)
-    if args.command == "profile":
-        return cmd_profile(args)
-    if args.command == "solve":
-        return cmd_solve(args)
-    if args.command == "compare":
-        return cmd_compare(args)
-    if args.command == "spread":
-        return cmd_spread(args)
-    return 2
+    commands_run = {"profile": cmd_profile, "solve": cmd_solve, "compare": cmd_compare, "spread": cmd_spread}
+    if args.command not in commands_run:
+        return 2
+    try:
+        return commands_run[args.command](args)
+    except BrokenPipeError:
+        # The reader went away (`selfcest profile ... | head`): a traceback there is noise. Python's
+        # own advice: point stdout at devnull, so that the flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
