@@ -63,11 +63,10 @@ def _run(
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-    completed = subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
-    if completed.returncode != 0:
-        detail = f"\n{completed.stdout}\n{completed.stderr}" if capture else ""
-        raise SmokeError(f"`{' '.join(args)}` failed in {cwd} (exit status {completed.returncode}){detail}")
-    return completed.stdout if capture else ""
+    if process.returncode != 0:
+        detail = f"\n{stdout}\n{stderr}" if capture else ""
+        raise SmokeError(f"`{' '.join(args)}` failed in {cwd} (exit status {process.returncode}){detail}")
+    return stdout if capture else ""
 
 
 def copy_working_tree(source: Path, target: Path) -> int:

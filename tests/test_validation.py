@@ -592,18 +592,25 @@ def test_a_real_source_may_not_take_a_synthetic_splits_name(tmp_path: Path) -> N
 def test_an_empty_real_source_stops_the_stage_naming_it_and_keeps_the_old_outputs(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from selfcest.data.qa import QADataError
-    from stages import prepare_qa
 
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
+    source = {"name": "x", "format": "2wiki", "path": str(empty)}
+    _stops_keeping_the_old_outputs(tmp_path, source, QADataError, r"empty\.json: no records for QA split 'x'")
+
+
+def _stops_keeping_the_old_outputs(tmp_path: Path, source: dict, error: type[Exception], match: str) -> None:
+    """`prepare_qa` with the one real `source` stops with `error` (matching `match`) and leaves the
+    output folder's old files where they were."""
+    sys.path.insert(0, str(ROOT))
+    from stages import prepare_qa
+
     params = tmp_path / "params.yaml"
-    params.write_text(
-        yaml.safe_dump(_real_only(tmp_path, [{"name": "x", "format": "2wiki", "path": str(empty)}]))
-    )
+    params.write_text(yaml.safe_dump(_real_only(tmp_path, [source])))
     out = tmp_path / "qa"
     out.mkdir()
     (out / "old.jsonl").write_text("{}\n")
-    with pytest.raises(QADataError, match=r"empty\.json: no records for QA split 'x'"):
+    with pytest.raises(error, match=match):
         prepare_qa.main(["--params", str(params), "--out", str(out), "--reports", str(tmp_path / "reports")])
     assert (out / "old.jsonl").exists()
 
@@ -712,15 +719,5 @@ def test_an_answer_in_context_source_that_no_source_has_is_refused_naming_it(tmp
 def test_a_real_source_named_like_the_quarantine_stops_before_the_old_outputs_go(tmp_path: Path) -> None:
     """A split named `quarantine` was written to quarantine.jsonl and then overwritten by the
     quarantine list; it is refused, and the folder's old files stay."""
-    sys.path.insert(0, str(ROOT))
-    from stages import prepare_qa
-
-    params = tmp_path / "params.yaml"
     source = {"name": "quarantine", "format": "2wiki", "path": str(WIKI)}
-    params.write_text(yaml.safe_dump(_real_only(tmp_path, [source])))
-    out = tmp_path / "qa"
-    out.mkdir()
-    (out / "old.jsonl").write_text("{}\n")
-    with pytest.raises(ValueError, match=r"a split may not be named 'quarantine'"):
-        prepare_qa.main(["--params", str(params), "--out", str(out), "--reports", str(tmp_path / "reports")])
-    assert (out / "old.jsonl").exists()
+    _stops_keeping_the_old_outputs(tmp_path, source, ValueError, r"a split may not be named 'quarantine'")
