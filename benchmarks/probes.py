@@ -22,8 +22,8 @@ from selfcest.warmup import (
     warmup_conversations,
     warmup_settings,
 )
-from stages.common import read_jsonl
-from stages.warmup import HELD_OUT_SPLITS, held_out_expressions
+from stages.common import held_out_expressions, read_jsonl
+from stages.warmup import HELD_OUT_SPLITS
 
 PROBED_KINDS = ("arith_mono", "arith_root_delegate")
 

@@ -20,6 +20,7 @@ __all__ = [
     "PARAMS_FILE",
     "SUPPORT_FILES",
     "file_sha256",
+    "held_out_expressions",
     "load_params",
     "read_jsonl",
     "resolve_source",
@@ -84,6 +85,20 @@ def iter_jsonl(path: Path | str) -> Iterator[tuple[int, Any]]:
             except ValueError as exc:
                 raise ValueError(f"{path}, line {lineno}: not a JSON record: {exc}") from exc
             yield lineno, record
+
+
+def held_out_expressions(paths: Iterable[Path | str]) -> list[str]:
+    """The `expr` of every record of the held-out arithmetic split files `paths`, in file order: the
+    sums the warm-up's clone conversations may not ask and GRPO's clone rows may not hold. A record
+    without an `expr` string stops with its file and line (both stages read them; one reader keeps
+    their errors alike)."""
+    exprs: list[str] = []
+    for path in paths:
+        for lineno, record in iter_jsonl(path):
+            if not isinstance(record, dict) or not isinstance(record.get("expr"), str):
+                raise ValueError(f"{path}, line {lineno}: a held-out split's record needs an 'expr' string")
+            exprs.append(record["expr"])
+    return exprs
 
 
 def resolve_source(path: str, params_key: str) -> str:

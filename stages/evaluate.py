@@ -89,9 +89,8 @@ def build_engine(sweep: dict[str, Any], checkpoint: Path) -> tuple[Any, str]:
     """The cell's generation engine and where it runs, from `eval.sweep`: `engine: transformers`
     (batched `generate`, on `device`) or `engine: vllm` (paper profile, GPU; `eval.sweep.vllm` is
     passed to `vllm.LLM`)."""
-    import torch
 
-    from selfcest.engine import TransformersEngine, VLLMEngine
+    from selfcest.engine import TransformersEngine, VLLMEngine, resolve_device
     from selfcest.model import load_model
     from selfcest.tokenizer import load_tokenizer
 
@@ -101,9 +100,7 @@ def build_engine(sweep: dict[str, Any], checkpoint: Path) -> tuple[Any, str]:
     tokenizer = load_tokenizer(checkpoint)
     if name == "vllm":
         return VLLMEngine(str(checkpoint), tokenizer, **dict(sweep.get("vllm") or {})), "cuda"
-    device = sweep.get("device") or "auto"
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(sweep.get("device") or "auto")
     model = load_model(checkpoint, device=device)
     return TransformersEngine(model, tokenizer, max_batch_size=int(sweep.get("batch_size", 64))), device
 

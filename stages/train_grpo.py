@@ -35,7 +35,15 @@ from selfcest.rewards import GateConfig, GateMode, RewardConfig  # noqa: E402
 from selfcest.runtime import RuntimeConfig  # noqa: E402
 from selfcest.tasks import task_from_record  # noqa: E402
 from selfcest.tokenizer import load_tokenizer  # noqa: E402
-from stages.common import SUPPORT_FILES, file_sha256, load_params, read_jsonl, setup_logging, write_json  # noqa: E402
+from stages.common import (  # noqa: E402
+    SUPPORT_FILES,
+    file_sha256,
+    held_out_expressions,
+    load_params,
+    read_jsonl,
+    setup_logging,
+    write_json,
+)
 
 log = logging.getLogger("train_grpo")
 LOG_COLUMNS = [
@@ -121,25 +129,19 @@ def _mean_of_logged(values: list[Any]) -> float | None:
 
 
 def held_out_sums(paths: list[Path]) -> frozenset[str]:
-    """The `expr` of every record of the held-out splits `paths` that is a flat `+`/`-` sum.
+    """The held-out splits' sums (`stages.common.held_out_expressions`) that are flat `+`/`-` sums.
 
     Clone rows are matched by their flat sums (`grpo.normal_sum`): the runtime cuts only flat sums
     into halves, so a sum with `*` or brackets (the paper profile's arithmetic) can never be a clone's
     sum and has nothing to hold out. Such sums are counted in the log, not refused (they stopped the
-    paper profile's GRPO before its first step). A record without `expr` is an error naming its file."""
-    kept: set[str] = set()
-    skipped = 0
-    for path in paths:
-        for number, record in enumerate(read_jsonl(path), 1):
-            if not isinstance(record, dict) or not isinstance(record.get("expr"), str):
-                raise ValueError(f"{path}, record {number}: a held-out split's record needs an 'expr' string")
-            if normal_sum(record["expr"]) is None:
-                skipped += 1
-            else:
-                kept.add(record["expr"])
-    if skipped:
-        log.info("held-out splits: %d sums are not flat +/- sums, so no clone can hold one", skipped)
-    return frozenset(kept)
+    paper profile's GRPO before its first step)."""
+    exprs = held_out_expressions(paths)
+    flat = [expr for expr in exprs if normal_sum(expr) is not None]
+    if len(flat) < len(exprs):
+        log.info(
+            "held-out splits: %d sums are not flat +/- sums, so no clone can hold one", len(exprs) - len(flat)
+        )
+    return frozenset(flat)
 
 
 def grpo_records(tasks: dict[str, Any], seed: int, paths: dict[str, Path]) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 from selfcest.checkpoints import checkpoint_sha256s, code_sha256, fingerprint, write_model_card
@@ -18,17 +17,20 @@ from selfcest.determinism import machine_description
 from selfcest.model import load_model
 from selfcest.tokenizer import load_tokenizer
 from selfcest.warmup import run_warmup, tokenize_conversations, warmup_conversations, warmup_settings
-from stages.common import SUPPORT_FILES, file_sha256, load_params, read_jsonl, setup_logging, write_json
+from stages.common import (
+    SUPPORT_FILES,
+    file_sha256,
+    held_out_expressions,
+    load_params,
+    read_jsonl,
+    setup_logging,
+    write_json,
+)
 
 log = logging.getLogger("warmup")
 
 # The arithmetic splits held out of the clones' conversations by default (dvc.yaml passes none).
 HELD_OUT_SPLITS = ("data/arithmetic/test.jsonl", "data/arithmetic/ood.jsonl")
-
-
-def held_out_expressions(paths: Iterable[Path | str]) -> list[str]:
-    """The sums of the arithmetic split files at `paths`, which no clone conversation may ask."""
-    return [record["expr"] for path in paths for record in read_jsonl(Path(path))]
 
 
 def main() -> None:

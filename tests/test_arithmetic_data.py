@@ -590,6 +590,20 @@ def test_read_jsonl_names_the_file_and_line_of_a_broken_record(tmp_path: Path) -
     assert read_jsonl(path) == [{"a": 1}, {"a": 2}]
 
 
+def test_held_out_expressions_are_read_in_order_and_a_record_without_expr_is_named(tmp_path: Path) -> None:
+    """The warm-up read the held-out splits with `record["expr"]`, so a record without one stopped it
+    with a bare KeyError; both stages now share one reader that names the file and line."""
+    sys.path.insert(0, str(REPO))
+    from stages.common import held_out_expressions
+
+    test, ood = tmp_path / "test.jsonl", tmp_path / "ood.jsonl"
+    test.write_text('{"expr": "1+2"}\n\n{"expr": "3-1"}\n', encoding="utf-8")
+    ood.write_text('{"expr": "4+4"}\n{"id": "o1"}\n', encoding="utf-8")
+    assert held_out_expressions([test]) == ["1+2", "3-1"]
+    with pytest.raises(ValueError, match=r"ood\.jsonl, line 2: a held-out split's record needs an 'expr'"):
+        held_out_expressions([test, ood])
+
+
 def test_test_split_has_the_tiers_operator_mix_when_rare_shapes_run_out() -> None:
     """With single-digit operands a 1-3 operator tier has only 162 one-operator problems; repeats are
     rejected, so they come up early in the draws. The test split must still be a uniform sample of the

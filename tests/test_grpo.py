@@ -723,7 +723,7 @@ def test_held_out_splits_of_the_paper_profile_keep_only_the_sums_a_clone_can_hol
     assert SelfcestConfig(held_out_sums=held).held_out_sums == {"12+7-3", "5-2"}
     bad = tmp_path / "test.jsonl"
     bad.write_text(json.dumps({"id": "t0", "expr": "1+1"}) + "\n" + json.dumps({"id": "t1"}) + "\n")
-    with pytest.raises(ValueError, match=r"test.jsonl, record 2: a held-out split's record needs an 'expr'"):
+    with pytest.raises(ValueError, match=r"test.jsonl, line 2: a held-out split's record needs an 'expr'"):
         held_out_sums([ood, bad])
 
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from scripted_policies import halving_policy, last_user
 
-from selfcest.engine import SamplingConfig, TransformersEngine, accelerator_name
+from selfcest.engine import SamplingConfig, TransformersEngine, accelerator_name, resolve_device
 from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question
 from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task, _water_fill
 from selfcest.scripted import ScriptedEngine
@@ -959,3 +959,13 @@ def test_accelerator_name_names_the_gpu_of_a_cuda_device_only(monkeypatch: pytes
     monkeypatch.setattr(torch.cuda, "get_device_name", device_name)
     assert accelerator_name("cuda") == "NVIDIA H200" and accelerator_name("cuda:1") == "NVIDIA H100 80GB HBM3"
     assert accelerator_name("cuda:7") is None and accelerator_name("cpu") is None
+
+
+def test_resolve_device_reads_auto_as_the_gpu_where_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto` is CUDA with a GPU, else the CPU: one reading for the eval cells and `selfcest solve`."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda" and resolve_device("cpu") == "cpu"

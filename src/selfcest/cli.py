@@ -54,8 +54,10 @@ def _usable_device(name: str) -> str | None:
     know or a GPU this machine lacks (they failed deep in torch, with a traceback)."""
     import torch
 
+    from selfcest.engine import resolve_device
+
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return resolve_device(name)
     try:
         device = torch.device(name)
     except RuntimeError as exc:

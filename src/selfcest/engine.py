@@ -117,6 +117,15 @@ _GENERATION_DEFAULTS = {
 }
 
 
+def resolve_device(name: str) -> str:
+    """A torch device string for `name`: `auto` is CUDA where torch sees a GPU, else the CPU; any
+    other name is returned as given. The one reading of `auto` for the evaluation cells
+    (`eval.sweep.device`) and `selfcest solve --device`."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
 def accelerator_name(device: str) -> str | None:
     """The GPU behind a torch `device` string ("cuda", "cuda:1"), as the driver names it; None on the
     CPU or where torch sees no such GPU. An evaluation cell records it beside the CPU
