@@ -115,22 +115,40 @@ def type_guess_floors(sweep: Any, qa_data: Path) -> dict[str, float]:
     return floors
 
 
-def training_machines(folder: Path, params: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
-    """{stage: the machine its metrics file recorded} for the warm-up and each GRPO variant; a file
-    that is missing, unreadable or has no `machine` (a warm-up skipped for `model.init_from`) gives
-    None. Files of variants no longer in params are not read: they are stale."""
+def training_reports(folder: Path, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{stage: its metrics file as a mapping} for the warm-up and each GRPO variant; a file that is
+    missing, unreadable or not a mapping gives {}. Files of variants no longer in params are not
+    read: they are stale."""
     files = {"warmup": folder / "warmup.json"} | {
         f"train_grpo@{variant}": folder / f"grpo_{variant}.json"
         for variant in (params.get("grpo") or {}).get("variants") or {}
     }
-    found: dict[str, dict[str, Any] | None] = {}
+    found: dict[str, dict[str, Any]] = {}
     for stage, path in files.items():
         try:
-            machine = json.loads(path.read_text(encoding="utf-8")).get("machine")
-        except (OSError, ValueError, AttributeError):
-            machine = None
-        found[stage] = machine if isinstance(machine, dict) else None
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = None
+        found[stage] = record if isinstance(record, dict) else {}
     return found
+
+
+def training_machines(records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
+    """{stage: the machine its metrics file recorded}, None where it recorded none (a warm-up
+    skipped for `model.init_from`, an older file)."""
+    return {
+        stage: r.get("machine") if isinstance(r.get("machine"), dict) else None
+        for stage, r in records.items()
+    }
+
+
+def training_seconds(records: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """{stage: the wall time its metrics file recorded (`stage_seconds`)}, None where it recorded none."""
+    seconds = {stage: r.get("stage_seconds") for stage, r in records.items()}
+    return {
+        stage: float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        for stage, value in seconds.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -207,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     records = sweep_episode_records(sweep)
     anatomy = write_failure_anatomy(records, out / "arithmetic_failures.csv")
+    trained = training_reports(args.training_reports or out, params)
     summary = reports.summary_markdown(
         sweep,
         eval_params=eval_params,
@@ -214,7 +233,8 @@ def main(argv: list[str] | None = None) -> None:
         claims=claims,
         method_order=method_order,
         floors=floors,
-        training_machines=training_machines(args.training_reports or out, params),
+        training_machines=training_machines(trained),
+        training_seconds=training_seconds(trained),
     )
     arithmetic = settings.get("arithmetic")
     anatomy_section = failure_anatomy_markdown(

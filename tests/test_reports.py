@@ -1113,6 +1113,47 @@ def test_a_method_under_two_checkpoints_and_a_fractional_reference_budget_are_re
             settings_for(eval_params, "qa")
 
 
+def test_the_summary_gives_each_stages_recorded_wall_time(tmp_path: Path) -> None:
+    """Where a run's time went, from what each stage recorded: the training stages' `stage_seconds`
+    and each cell's import, load and run seconds, with the cells' totals. A stage or cell that
+    recorded none says so rather than counting as zero seconds; a stale variant's file is not read."""
+    from stages import report
+
+    cells = tmp_path / "cells"
+    rows = [r for r in strong_sweep() if r["method"] == "base"]
+    write_cell(
+        cells, "arithmetic", "ood", "warmup_model", rows,
+        timing={"import_seconds": 8.25, "load_seconds": 0.5, "run_seconds": 241.0},
+    )  # fmt: skip
+    write_cell(
+        cells,
+        "arithmetic",
+        "ood",
+        "selfcest_model",
+        rows,
+        timing={"import_seconds": 7.75, "run_seconds": 1234},
+    )
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "warmup.json").write_text(json.dumps({"stage_seconds": 1607.94}), encoding="utf-8")
+    (out / "grpo_noclone.json").write_text(
+        json.dumps({"stage_seconds": "38"}), encoding="utf-8"
+    )  # not a number
+    (out / "grpo_retired.json").write_text(
+        json.dumps({"stage_seconds": 5.0}), encoding="utf-8"
+    )  # not a variant
+    report.main(["--params", str(_params(tmp_path)), "--cells", str(cells), "--out", str(out)])
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    section = summary.split("## Stage times", 1)[1].split("\n## ", 1)[0]
+    assert "| warmup | 1,607.9 |" in section
+    assert "| train_grpo@noclone | not recorded |" in section
+    assert "| train_grpo@selfcest | not recorded |" in section  # no file at all
+    assert "retired" not in section
+    assert "| `arithmetic/ood` `warmup_model` | 8.2 | 0.5 | 241.0 |" in section
+    assert "| `arithmetic/ood` `selfcest_model` | 7.8 | not recorded | 1,234.0 |" in section
+    assert "| all 2 cells | 16.0 | 0.5 | 1,475.0 |" in section
+
+
 def test_the_summary_names_the_machines_the_training_and_the_cells_ran_on(tmp_path: Path) -> None:
     """The same seed trains other weights on an Intel CPU than on an AMD one, so the summary says
     where each training stage ran (its metrics file's `machine`) and where the cells ran; a stage

@@ -923,6 +923,56 @@ def machine_lines(training_machines: Mapping[str, Mapping[str, Any] | None], swe
     return lines
 
 
+def _seconds(value: Any) -> str:
+    return (
+        f"{value:,.1f}" if isinstance(value, int | float) and not isinstance(value, bool) else "not recorded"
+    )
+
+
+def time_lines(training_seconds: Mapping[str, float | None], sweep: Sweep) -> list[str]:
+    """The "Stage times" section: the wall time each training stage recorded and, per evaluation
+    cell, its seconds importing torch and transformers, loading the weights and running its methods
+    (`timing` in its rows.json). Like `s/problem`, these are the machine's and change between runs:
+    they are here so that a reviewer sees where a run's time went without reading its logs."""
+    timed_cells = [cell for cell in sweep.cells if cell.get("status") == "ok"]
+    if not training_seconds and not timed_cells:
+        return []
+    lines = [
+        "## Stage times",
+        "",
+        "Wall seconds, as each stage recorded them; the data stages and `build_model` record none.",
+        "",
+        "| stage | seconds |",
+        "|---|---|",
+    ]
+    lines += [f"| {stage} | {_seconds(value)} |" for stage, value in training_seconds.items()]
+    if timed_cells:
+        totals = dict.fromkeys(("import_seconds", "load_seconds", "run_seconds"), 0.0)
+        lines += [
+            "",
+            "| cell | importing | loading | running methods |",
+            "|---|---|---|---|",
+        ]
+        for cell in timed_cells:
+            timing = cell.get("timing") or {}
+            for key in totals:
+                value = timing.get(key)
+                totals[key] += (
+                    value if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+                )
+            name = f"`{cell.get('dataset')}/{cell.get('split')}` `{cell.get('checkpoint')}`"
+            lines.append(
+                f"| {name} | {_seconds(timing.get('import_seconds'))} | {_seconds(timing.get('load_seconds'))} "
+                f"| {_seconds(timing.get('run_seconds'))} |"
+            )
+        lines.append(
+            f"| all {len(timed_cells)} cells | {_seconds(totals['import_seconds'])} "
+            f"| {_seconds(totals['load_seconds'])} | {_seconds(totals['run_seconds'])} |"
+        )
+    lines.append("")
+    return lines
+
+
 def summary_markdown(
     sweep: Sweep,
     *,
@@ -932,12 +982,14 @@ def summary_markdown(
     method_order: Sequence[str],
     floors: Mapping[str, float] | None = None,
     training_machines: Mapping[str, Mapping[str, Any] | None] | None = None,
+    training_seconds: Mapping[str, float | None] | None = None,
 ) -> str:
     """The summary report: per benchmark a table at the reference budget, who owns the frontier
     where, and the claims; every sentence is generated from the rows. `floors`: per benchmark, the
     accuracy of guessing without reading (synthetic QA's type-guess floor), shown under its heading.
     `training_machines`: per training stage, the `machine` its metrics file recorded (None where it
-    recorded none), for the "Machines" section (`machine_lines`)."""
+    recorded none), for the "Machines" section (`machine_lines`); `training_seconds`: per training
+    stage, the `stage_seconds` it recorded, for the "Stage times" section (`time_lines`)."""
     lines = [
         "# Budget-sweep evaluation",
         "",
@@ -1140,6 +1192,8 @@ def summary_markdown(
             for c in claims[name]:
                 lines.append(f"- ({c.key}) {c.statement}: **{c.verdict}**. {c.detail}")
             lines.append("")
+    times = time_lines(training_seconds or {}, sweep)
+    lines += ([""] if times and lines[-1] else []) + times
     return "\n".join(lines).rstrip() + "\n"
 
 
