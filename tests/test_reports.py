@@ -1113,11 +1113,19 @@ def test_a_method_under_two_checkpoints_and_a_fractional_reference_budget_are_re
             settings_for(eval_params, "qa")
 
 
+def _summary_section(tmp_path: Path, cells: Path, out: Path, heading: str) -> str:
+    """Run the report stage on `cells` into `out` and return one section of its summary."""
+    from stages import report
+
+    report.main(["--params", str(_params(tmp_path)), "--cells", str(cells), "--out", str(out)])
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    return summary.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
 def test_the_summary_gives_each_stages_recorded_wall_time(tmp_path: Path) -> None:
     """Where a run's time went, from what each stage recorded: the training stages' `stage_seconds`
     and each cell's import, load and run seconds, with the cells' totals. A stage or cell that
     recorded none says so rather than counting as zero seconds; a stale variant's file is not read."""
-    from stages import report
 
     cells = tmp_path / "cells"
     rows = [r for r in strong_sweep() if r["method"] == "base"]
@@ -1142,9 +1150,7 @@ def test_the_summary_gives_each_stages_recorded_wall_time(tmp_path: Path) -> Non
     (out / "grpo_retired.json").write_text(
         json.dumps({"stage_seconds": 5.0}), encoding="utf-8"
     )  # not a variant
-    report.main(["--params", str(_params(tmp_path)), "--cells", str(cells), "--out", str(out)])
-    summary = (out / "summary.md").read_text(encoding="utf-8")
-    section = summary.split("## Stage times", 1)[1].split("\n## ", 1)[0]
+    section = _summary_section(tmp_path, cells, out, "## Stage times")
     assert "| warmup | 1,607.9 |" in section
     assert "| train_grpo@noclone | not recorded |" in section
     assert "| train_grpo@selfcest | not recorded |" in section  # no file at all
@@ -1158,7 +1164,6 @@ def test_the_summary_names_the_machines_the_training_and_the_cells_ran_on(tmp_pa
     """The same seed trains other weights on an Intel CPU than on an AMD one, so the summary says
     where each training stage ran (its metrics file's `machine`) and where the cells ran; a stage
     that recorded none is `not recorded`, and a stale variant's file is not read."""
-    from stages import report
 
     intel = {"cpu_vendor": "GenuineIntel", "cpu_model": "Xeon", "cpu_kernels": "avx2", "torch": "2.13.0"}
     amd = dict(intel, cpu_vendor="AuthenticAMD", cpu_model="EPYC")
@@ -1172,9 +1177,7 @@ def test_the_summary_names_the_machines_the_training_and_the_cells_ran_on(tmp_pa
     (out / "warmup.json").write_text(json.dumps({"steps": 3, "machine": intel}), encoding="utf-8")
     (out / "grpo_noclone.json").write_text(json.dumps({"steps": 3}), encoding="utf-8")  # an older file
     (out / "grpo_retired.json").write_text(json.dumps({"machine": amd}), encoding="utf-8")  # not a variant
-    report.main(["--params", str(_params(tmp_path)), "--cells", str(cells), "--out", str(out)])
-    summary = (out / "summary.md").read_text(encoding="utf-8")
-    section = summary.split("## Machines", 1)[1].split("\n## ", 1)[0]
+    section = _summary_section(tmp_path, cells, out, "## Machines")
     assert "- warmup: `GenuineIntel` `Xeon`, ATen kernels `avx2`, torch 2.13.0" in section
     assert "- train_grpo@noclone: not recorded" in section
     assert "- train_grpo@selfcest: not recorded" in section  # no file at all
