@@ -1126,7 +1126,6 @@ def test_the_summary_gives_each_stages_recorded_wall_time(tmp_path: Path) -> Non
     """Where a run's time went, from what each stage recorded: the training stages' `stage_seconds`
     and each cell's import, load and run seconds, with the cells' totals. A stage or cell that
     recorded none says so rather than counting as zero seconds; a stale variant's file is not read."""
-
     cells = tmp_path / "cells"
     rows = [r for r in strong_sweep() if r["method"] == "base"]
     write_cell(
@@ -1164,7 +1163,6 @@ def test_the_summary_names_the_machines_the_training_and_the_cells_ran_on(tmp_pa
     """The same seed trains other weights on an Intel CPU than on an AMD one, so the summary says
     where each training stage ran (its metrics file's `machine`) and where the cells ran; a stage
     that recorded none is `not recorded`, and a stale variant's file is not read."""
-
     intel = {"cpu_vendor": "GenuineIntel", "cpu_model": "Xeon", "cpu_kernels": "avx2", "torch": "2.13.0"}
     amd = dict(intel, cpu_vendor="AuthenticAMD", cpu_model="EPYC")
     cells = tmp_path / "cells"

@@ -56,8 +56,7 @@ def _usable_device(name: str) -> str | None:
 
     from selfcest.engine import resolve_device
 
-    if name == "auto":
-        return resolve_device(name)
+    name = resolve_device(name)
     try:
         device = torch.device(name)
     except RuntimeError as exc:

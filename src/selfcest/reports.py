@@ -923,17 +923,25 @@ def machine_lines(training_machines: Mapping[str, Mapping[str, Any] | None], swe
     return lines
 
 
+def recorded_seconds(value: Any) -> float | None:
+    """A wall time as a stage recorded it: a number, or None where it recorded none or something else."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _seconds(value: Any) -> str:
-    return (
-        f"{value:,.1f}" if isinstance(value, int | float) and not isinstance(value, bool) else "not recorded"
-    )
+    seconds = recorded_seconds(value)
+    return "not recorded" if seconds is None else f"{seconds:,.1f}"
 
 
-def time_lines(training_seconds: Mapping[str, float | None], sweep: Sweep) -> list[str]:
-    """The "Stage times" section: the wall time each training stage recorded and, per evaluation
-    cell, its seconds importing torch and transformers, loading the weights and running its methods
-    (`timing` in its rows.json). Like `s/problem`, these are the machine's and change between runs:
-    they are here so that a reviewer sees where a run's time went without reading its logs."""
+_CELL_TIMES = ("import_seconds", "load_seconds", "run_seconds")
+
+
+def time_lines(training_seconds: Mapping[str, Any], sweep: Sweep) -> list[str]:
+    """The "Stage times" section: the wall time each training stage recorded (`training_seconds`,
+    its `stage_seconds`) and, per evaluation cell, its seconds importing torch and transformers,
+    loading the weights and running its methods (`timing` in its rows.json), with the cells' totals.
+    Like `s/problem`, these are the machine's and change between runs: they are here so that a
+    reviewer sees where a run's time went without reading its logs."""
     timed_cells = [cell for cell in sweep.cells if cell.get("status") == "ok"]
     if not training_seconds and not timed_cells:
         return []
@@ -947,28 +955,17 @@ def time_lines(training_seconds: Mapping[str, float | None], sweep: Sweep) -> li
     ]
     lines += [f"| {stage} | {_seconds(value)} |" for stage, value in training_seconds.items()]
     if timed_cells:
-        totals = dict.fromkeys(("import_seconds", "load_seconds", "run_seconds"), 0.0)
-        lines += [
-            "",
-            "| cell | importing | loading | running methods |",
-            "|---|---|---|---|",
-        ]
+        lines += ["", "| cell | importing | loading | running methods |", "|---|---|---|---|"]
+        columns: list[list[float | None]] = [[] for _ in _CELL_TIMES]
         for cell in timed_cells:
             timing = cell.get("timing") or {}
-            for key in totals:
-                value = timing.get(key)
-                totals[key] += (
-                    value if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
-                )
+            values = [recorded_seconds(timing.get(key)) for key in _CELL_TIMES]
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
             name = f"`{cell.get('dataset')}/{cell.get('split')}` `{cell.get('checkpoint')}`"
-            lines.append(
-                f"| {name} | {_seconds(timing.get('import_seconds'))} | {_seconds(timing.get('load_seconds'))} "
-                f"| {_seconds(timing.get('run_seconds'))} |"
-            )
-        lines.append(
-            f"| all {len(timed_cells)} cells | {_seconds(totals['import_seconds'])} "
-            f"| {_seconds(totals['load_seconds'])} | {_seconds(totals['run_seconds'])} |"
-        )
+            lines.append(f"| {name} | " + " | ".join(map(_seconds, values)) + " |")
+        totals = [sum(v for v in column if v is not None) for column in columns]
+        lines.append(f"| all {len(timed_cells)} cells | " + " | ".join(map(_seconds, totals)) + " |")
     lines.append("")
     return lines
 
@@ -982,7 +979,7 @@ def summary_markdown(
     method_order: Sequence[str],
     floors: Mapping[str, float] | None = None,
     training_machines: Mapping[str, Mapping[str, Any] | None] | None = None,
-    training_seconds: Mapping[str, float | None] | None = None,
+    training_seconds: Mapping[str, Any] | None = None,
 ) -> str:
     """The summary report: per benchmark a table at the reference budget, who owns the frontier
     where, and the claims; every sentence is generated from the rows. `floors`: per benchmark, the
