@@ -603,19 +603,83 @@ def test_asking_a_clone_for_fewer_tokens_than_any_clone_starts_with_is_a_bad_arg
     check_accounting(episode, config)
 
 
-def test_a_row_ended_by_a_stop_string_ends_there_even_when_padded_with_a_stop_token(
-    tiny_model, tiny_tokenizer
-) -> None:
-    """`generate` pads a row that a stop string ended; where the pad token is also a stop token
-    (Qwen3's <|endoftext|>) the row still ends where the stop string does, not one pad later."""
+def _prompts(tokenizer, expressions: list[str]) -> list[list[int]]:
+    return [
+        tokenizer.encode(f"<|im_start|>user\nCalculate the value of {e}.<|im_end|>\n<|im_start|>assistant\n")
+        for e in expressions
+    ]
+
+
+def test_the_engine_decodes_greedily_as_transformers_generate(tiny_model, tiny_tokenizer) -> None:
+    """The engine's own loop (rows of several prompt lengths, left-padded, with their own budgets and
+    dropped from the batch as they end) gives each row the tokens and the logits that `generate`
+    gives that prompt alone."""
+    import torch
+
+    from selfcest.engine import GenerationRequest
+
     engine = TransformersEngine(tiny_model, tiny_tokenizer)
-    pad = tiny_tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    engine.stop_ids = [*engine.stop_ids, pad]
-    words = tiny_tokenizer.encode("Answer: 3\nmore", add_special_tokens=False)
-    row = words + [pad, pad]
-    assert engine._finished_length(row, 16, ("\nmore",)) == (len(words), "stop")
-    assert engine._finished_length(row, 16, ()) == (len(words) + 1, "stop")  # the pad ends it
-    assert engine._finished_length(words, len(words) - 1, ()) == (len(words) - 1, "length")
+    prompts = _prompts(tiny_tokenizer, ["1+2", "3+4+5-6+7", "8", "9-1+2+3+4+5+6+7+8"])
+    budgets = [3, 11, 6, 17]
+    results = engine.generate(
+        [GenerationRequest(p, b) for p, b in zip(prompts, budgets, strict=True)],
+        SamplingConfig(return_logprobs=True),
+    )
+    for prompt, budget, result in zip(prompts, budgets, results, strict=True):
+        with torch.no_grad():
+            output = tiny_model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=budget,
+                do_sample=False,
+                eos_token_id=engine.stop_ids,
+                pad_token_id=engine.pad_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
+        sequence = output.sequences[0, len(prompt) :].tolist()
+        stop = next((i + 1 for i, t in enumerate(sequence) if t in engine.stop_ids), len(sequence))
+        assert result.token_ids == sequence[:stop]
+        assert result.finish_reason == ("stop" if sequence[stop - 1] in engine.stop_ids else "length")
+        logprobs = [
+            float(torch.log_softmax(step[0].float(), dim=-1)[token])
+            for step, token in zip(output.logits, result.token_ids, strict=False)
+        ]
+        assert result.logprobs == pytest.approx(logprobs, abs=1e-5)
+
+
+def test_ended_rows_leave_the_batch_and_no_row_depends_on_its_companions(tiny_model, tiny_tokenizer) -> None:
+    """Three of four rows end after two tokens: the other's remaining steps run alone. Each row's
+    tokens (greedy, and sampled with or without its own seed) are those it gets in a batch of one."""
+    from selfcest.engine import GenerationRequest
+
+    engine = TransformersEngine(tiny_model, tiny_tokenizer)
+    prompts = _prompts(tiny_tokenizer, ["1+2", "3+4+5", "6-7", "8+9+1-2"])
+    batch_rows: list[int] = []
+    hook = tiny_model.register_forward_hook(
+        lambda module, args, kwargs, out: batch_rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        engine.generate(
+            [GenerationRequest(p, b) for p, b in zip(prompts, [2, 2, 2, 20], strict=True)], SamplingConfig()
+        )
+    finally:
+        hook.remove()
+    assert batch_rows[:2] == [4, 4] and set(batch_rows[2:]) == {1} and len(batch_rows) <= 20
+
+    for sampling, seeds in (
+        (SamplingConfig(), [None] * 4),
+        (SamplingConfig(temperature=1.0, top_p=0.9, seed=5), [11, 12, 13, 14]),
+        (SamplingConfig(temperature=1.0, seed=5), [None] * 4),
+    ):
+        requests = [
+            GenerationRequest(p, 4 + 3 * i, seed=s)
+            for i, (p, s) in enumerate(zip(prompts, seeds, strict=True))
+        ]
+        together = engine.generate(requests, sampling)
+        alone = TransformersEngine(tiny_model, tiny_tokenizer, max_batch_size=1).generate(requests, sampling)
+        assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+        if seeds[0] is not None:  # a request's own seed: the same tokens in any call
+            assert engine.generate(requests[2:3], sampling)[0].token_ids == together[2].token_ids
 
 
 # ------------------------------------------------------------------ expression halves
@@ -922,7 +986,7 @@ def test_a_problems_samples_do_not_depend_on_what_runs_beside_it(tiny_model, tin
 
 def test_per_row_sampling_keeps_to_the_top_p_nucleus() -> None:
     """The per-row sampler applies temperature and top-p before it draws, as `generate` does: a token
-    outside the nucleus is never drawn, and the drawn token is the only one left possible."""
+    outside the nucleus is never drawn."""
     import torch
 
     from selfcest.engine import _PerRowSampling
@@ -932,13 +996,9 @@ def test_per_row_sampling_keeps_to_the_top_p_nucleus() -> None:
         [1, 2, 3, 4], temperature=1, top_p=0.5, device=torch.device("cpu")
     )  # YAML `1`: an int
     for _ in range(20):
-        out = nucleus(torch.zeros((4, 1), dtype=torch.long), scores.clone())
-        assert out.argmax(-1).tolist() == [0, 0, 0, 0]
-        assert torch.isinf(out).sum().item() == 4 * 3
+        assert nucleus.draw(scores.clone(), [0, 1, 2, 3]).tolist() == [0, 0, 0, 0]
     wide = _PerRowSampling([7] * 4, temperature=1.0, top_p=1.0, device=torch.device("cpu"))
-    drawn = {
-        int(wide(torch.zeros((4, 1), dtype=torch.long), scores.clone()).argmax(-1)[0]) for _ in range(60)
-    }
+    drawn = {int(wide.draw(scores.clone(), [0, 1, 2, 3])[0]) for _ in range(60)}
     assert {0, 1} <= drawn
 
 

@@ -15,13 +15,10 @@ from typing import Literal, Protocol
 import numpy as np
 import torch
 from transformers import (
-    GenerationConfig,
-    LogitsProcessor,
+    DynamicCache,
     LogitsProcessorList,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    StoppingCriteria,
-    StoppingCriteriaList,
     TemperatureLogitsWarper,
     TopPLogitsWarper,
 )
@@ -29,6 +26,13 @@ from transformers import (
 from selfcest.tokenizer import stop_token_ids
 
 FinishReason = Literal["stop", "length"]
+
+# `TransformersEngine._decode` drops ended rows from its batch once at most this share of the
+# batch's rows goes on. Dropping copies the KV cache, so dropping at every ended row cost more than
+# it saved on QA's long prompts (measured, 128 prompts in batches of 64, 2 CPU cores, 1 thread:
+# `qa/test` greedy 3.5 s at 1.0, 3.0 s at 0.75, 3.4 s never dropping; `arithmetic/ood` 5.2, 4.0 and
+# 9.9 s). No row's tokens depend on it (tests/test_runtime.py).
+COMPACT_WHEN_LIVE_AT_MOST = 0.75
 
 
 @dataclass
@@ -63,8 +67,7 @@ class SamplingConfig:
     seed: int = 0
     """Seeds sampling; the same batch with the same seed gives the same tokens. A request with its own
     `seed` (the runtime gives every request one, `keyed_seed` of this seed and the request's key)
-    draws from that alone; otherwise each micro-batch of one call draws from its own stream derived
-    from this seed (`micro_batch_seed`)."""
+    draws from that alone; otherwise request i of a call draws from `request_seeds(seed, n)[i]`."""
     return_logprobs: bool = False
 
 
@@ -104,17 +107,6 @@ class EngineStats:
         self.calls += other.calls
         self.batch_sizes.extend(other.batch_sizes)
         self.generated_tokens += other.generated_tokens
-
-
-# transformers' global generation defaults, set explicitly on every call: `generate` fills each unset
-# field from the checkpoint's generation config, whose repetition_penalty, no_repeat_ngram_size or
-# min_new_tokens would otherwise apply silently and make this engine disagree with vLLM and with the
-# GRPO loss's log-probabilities. Length fields are left out: each call sets max/min_new_tokens.
-_GENERATION_DEFAULTS = {
-    key: value
-    for key, value in GenerationConfig()._get_default_generation_params().items()
-    if key not in ("max_length", "min_length")
-}
 
 
 def resolve_device(name: str) -> str:
@@ -169,53 +161,11 @@ def micro_batch_seed(seed: int, micro_batch: int) -> int:
     return keyed_seed(seed, micro_batch)
 
 
-class _PerRowMaxNewTokens(StoppingCriteria):
-    """Stops each row at its own budget: `generate` only takes one `max_new_tokens` for the batch."""
-
-    def __init__(self, prompt_length: int, max_new_tokens: torch.Tensor) -> None:
-        self.prompt_length = prompt_length
-        self.max_new_tokens = max_new_tokens
-
-    def __call__(
-        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: object
-    ) -> torch.BoolTensor:
-        generated = input_ids.shape[1] - self.prompt_length
-        return (generated >= self.max_new_tokens).to(input_ids.device)  # type: ignore[return-value]
-
-
-class _StopStringsInContinuation(StoppingCriteria):
-    """Stops a row once its generated tokens, decoded, contain one of `stop_strings`.
-
-    Why not `generate`'s own `stop_strings`: it matches the end of the whole sequence, prompt
-    included, so a stop string that began in the prompt and ended in the first generated token
-    stopped the row, and `_finished_length`, which reads the continuation only (the documented
-    meaning), then saw no stop: the row came back as `length`, padded up to the longest row with the
-    pad tokens counted as generated. Decoding every row at every step costs time, so only requests
-    that ask for stop strings pay it."""
-
-    def __init__(
-        self, prompt_length: int, tokenizer: PreTrainedTokenizerBase, stop_strings: Sequence[str]
-    ) -> None:
-        self.prompt_length = prompt_length
-        self.tokenizer = tokenizer
-        self.stop_strings = tuple(stop_strings)
-
-    def __call__(
-        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: object
-    ) -> torch.BoolTensor:
-        rows = input_ids[:, self.prompt_length :].tolist()
-        done = [
-            any(stop in self.tokenizer.decode(row, skip_special_tokens=False) for stop in self.stop_strings)
-            for row in rows
-        ]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
-
-
 class TransformersEngine:
-    """Batched, KV-cached, left-padded generation with `PreTrainedModel.generate` (CPU or GPU).
+    """Batched, KV-cached, left-padded generation with a transformers model (CPU or GPU).
 
-    Per-request budgets and stop strings are handled with per-row stopping criteria, which
-    `generate` supports natively (finished rows are padded while the others continue).
+    Each request keeps its own budget and stop strings, and leaves the batch as soon as it ends
+    (`_decode`), so a micro-batch costs its rows' own tokens, not its longest row's times its size.
     """
 
     def __init__(
@@ -252,14 +202,19 @@ class TransformersEngine:
         groups: dict[tuple[str, ...], list[int]] = {}
         for index in order:
             groups.setdefault(tuple(requests[index].stop_strings), []).append(index)
-        micro_batch = 0
+        # A sampled request without its own seed draws from its place in the call, as on vLLM: no row
+        # depends on which rows share its micro-batch.
+        seeds = [None] * len(requests)
+        if sampling.temperature > 0:
+            call_seeds = request_seeds(sampling.seed, len(requests))
+            seeds = [r.seed if r.seed is not None else s for r, s in zip(requests, call_seeds, strict=True)]
         for stop_strings, indices in groups.items():
             for start in range(0, len(indices), self.max_batch_size):
                 chunk = indices[start : start + self.max_batch_size]
                 self.stats.batch_sizes.append(len(chunk))
-                seed = micro_batch_seed(sampling.seed, micro_batch)
-                micro_batch += 1
-                outputs = self._generate_batch([requests[i] for i in chunk], stop_strings, sampling, seed)
+                outputs = self._generate_batch(
+                    [requests[i] for i in chunk], [seeds[i] for i in chunk], stop_strings, sampling
+                )
                 for index, output in zip(chunk, outputs, strict=True):
                     results[index] = output
         finished = [r for r in results if r is not None]
@@ -271,9 +226,9 @@ class TransformersEngine:
     def _generate_batch(
         self,
         requests: list[GenerationRequest],
+        seeds: list[int | None],
         stop_strings: tuple[str, ...],
         sampling: SamplingConfig,
-        seed: int,
     ) -> list[GenerationResult]:
         for request in requests:
             if request.max_new_tokens < 1:
@@ -286,99 +241,127 @@ class TransformersEngine:
         for row, request in enumerate(requests):
             input_ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
             attention_mask[row, width - len(request.prompt_ids) :] = 1
-        budgets = torch.tensor([r.max_new_tokens for r in requests], dtype=torch.long)
-        criteria = StoppingCriteriaList([_PerRowMaxNewTokens(width, budgets.to(self.device))])
-        if stop_strings:
-            criteria.append(_StopStringsInContinuation(width, self.tokenizer, stop_strings))
-        do_sample = sampling.temperature > 0
-        # Requests with their own seeds sample row by row (`_PerRowSampling`), and `generate` then
-        # decodes greedily over the one token each row drew.
-        per_row = do_sample and all(r.seed is not None for r in requests)
-        processors = LogitsProcessorList()
-        if per_row:
-            processors.append(
-                _PerRowSampling([r.seed for r in requests], sampling.temperature, sampling.top_p, self.device)
+        sampler = None
+        if sampling.temperature > 0:
+            sampler = _PerRowSampling(
+                [s for s in seeds if s is not None], sampling.temperature, sampling.top_p, self.device
             )
-        generate_samples = do_sample and not per_row  # `generate`'s own sampling, one global generator
-        config = GenerationConfig(**_GENERATION_DEFAULTS)  # then only what `SamplingConfig` says
-        config.update(
-            max_new_tokens=int(budgets.max()),
-            min_new_tokens=0,
-            do_sample=generate_samples,
-            eos_token_id=self.stop_ids,
-            pad_token_id=self.pad_id,
-            return_dict_in_generate=True,
-            output_logits=sampling.return_logprobs,
+        rows = self._decode(
+            input_ids,
+            attention_mask,
+            budgets=[r.max_new_tokens for r in requests],
+            stop_strings=stop_strings,
+            sampler=sampler,
+            logprob_temperature=(sampling.temperature if sampler else 1.0)
+            if sampling.return_logprobs
+            else None,
         )
-        if generate_samples:
-            config.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        # `generate` also fills the fields that `config` leaves None (min_p, suppress_tokens,
-        # forced_eos_token_id, ...) from the model's own generation config, which `_GENERATION_DEFAULTS`
-        # cannot set back: a bare one stands in for it during the call, so that a checkpoint's
-        # generation_config.json changes nothing here (its end ids come in through `stop_ids`).
-        own_config = self.model.generation_config
-        self.model.generation_config = GenerationConfig(eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
-        try:
-            with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
-                torch.manual_seed(seed)
-                output = self.model.generate(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=attention_mask.to(self.device),
-                    generation_config=config,
-                    stopping_criteria=criteria,
-                    logits_processor=processors,
-                )
-        finally:
-            self.model.generation_config = own_config
-        generated = output.sequences[:, width:].cpu()
-        logprobs = None
-        if sampling.return_logprobs:
-            temperature = sampling.temperature if do_sample else 1.0
-            step_logits = torch.stack(output.logits, dim=1).float().cpu() / temperature
-            logprobs = torch.log_softmax(step_logits, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
-        results = []
-        for row, request in enumerate(requests):
-            tokens = generated[row].tolist()
-            length, reason = self._finished_length(tokens, request.max_new_tokens, stop_strings)
-            tokens = tokens[:length]
-            results.append(
-                GenerationResult(
-                    token_ids=tokens,
-                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-                    finish_reason=reason,
-                    logprobs=logprobs[row, :length].tolist() if logprobs is not None else None,
-                )
+        return [
+            GenerationResult(
+                token_ids=row.tokens,
+                text=self.tokenizer.decode(row.tokens, skip_special_tokens=True),
+                finish_reason=row.finish_reason,
+                logprobs=row.logprobs,
             )
-        return results
+            for row in rows
+        ]
 
-    def _finished_length(
-        self, tokens: list[int], max_new_tokens: int, stop_strings: tuple[str, ...]
-    ) -> tuple[int, FinishReason]:
-        """Where this row really stopped: `generate` pads finished rows up to the longest row.
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        budgets: list[int],
+        stop_strings: tuple[str, ...],
+        sampler: _PerRowSampling | None,
+        logprob_temperature: float | None,
+    ) -> list[_DecodedRow]:
+        """KV-cached decoding of a left-padded batch that drops rows from the batch as they end.
 
-        The earlier of a stop token and the end of a stop string: a row ended by a stop string is
-        padded, and the pad token can be a stop token too (Qwen3's <|endoftext|>)."""
-        limit = min(len(tokens), max_new_tokens)
-        stop_token_end = next((p + 1 for p in range(limit) if tokens[p] in self.stop_ids), None)
-        if stop_strings:
-            for position in range(1, (stop_token_end or limit) + 1):
-                text = self.tokenizer.decode(tokens[:position], skip_special_tokens=False)
-                if any(stop in text for stop in stop_strings):
-                    return position, "stop"
-        if stop_token_end is not None:
-            return stop_token_end, "stop"
-        return limit, "length"
+        Why not `PreTrainedModel.generate`: it keeps a finished row in the batch, padded, until the
+        batch's last row ends, and one batch's turns differ in length by up to ten times (one clone
+        answers in 5 tokens, its sibling works for 90). A decoding step of the tiny model costs about
+        6.5 ms plus 0.26 ms per row (2 CPU cores, 1 thread), so the padded rows were much of a long
+        batch's work: the `arithmetic/ood` cell of `warmup_model` ran its methods in 194 s against
+        255 s, with the same episodes. The loop is otherwise `generate`'s greedy loop (its prefill,
+        position ids, mask and float32 logits), which `tests/test_runtime.py` checks token for token
+        against `generate`. Which rows share a step can move a logit in its last bits (measured:
+        log-probabilities within 1e-5, the same tokens), never from one run to the next: the batches
+        and the steps at which rows are dropped depend on the requests alone."""
+        device = self.device
+        rows = [_DecodedRow() for _ in budgets]
+        active = torch.arange(len(budgets))  # the batch's rows, as indices into `rows`
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0).to(device)
+        # as `generate`: a batch without padding runs without a mask (the causal mask alone)
+        mask = None if bool((attention_mask == 1).all()) else attention_mask.to(device)
+        cache = DynamicCache(config=self.model.config)
+        step_input = input_ids.to(device)
+        for _ in range(max(budgets)):
+            logits = (
+                self.model(
+                    input_ids=step_input,
+                    attention_mask=mask,
+                    position_ids=position_ids,
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                .logits[:, -1]
+                .to(dtype=torch.float32)
+            )
+            if sampler is None:
+                chosen = logits.argmax(-1)
+            else:
+                chosen = sampler.draw(logits, active.tolist())
+            if logprob_temperature is not None:
+                logprobs = torch.log_softmax(logits / logprob_temperature, dim=-1)
+                chosen_logprobs = logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist()
+            live: list[int] = []  # the batch positions whose rows go on
+            for position, (index, token) in enumerate(zip(active.tolist(), chosen.tolist(), strict=True)):
+                row = rows[index]
+                if row.finished:  # ended at an earlier step, still in the batch until it is compacted
+                    continue
+                row.tokens.append(token)
+                if logprob_temperature is not None:
+                    row.logprobs.append(chosen_logprobs[position])
+                if token in self.stop_ids or (
+                    stop_strings
+                    and any(
+                        stop in self.tokenizer.decode(row.tokens, skip_special_tokens=False)
+                        for stop in stop_strings
+                    )
+                ):
+                    row.finish_reason, row.finished = "stop", True
+                elif len(row.tokens) >= budgets[index]:
+                    row.finish_reason, row.finished = "length", True
+                else:
+                    live.append(position)
+            if not live:
+                break
+            if len(live) <= COMPACT_WHEN_LIVE_AT_MOST * len(active):
+                kept = torch.tensor(live, device=device)
+                cache.batch_select_indices(kept)
+                active = active[torch.tensor(live)]
+                chosen = chosen[kept]
+                position_ids = position_ids[kept]
+                if mask is not None:
+                    mask = mask[kept]
+            step_input = chosen.unsqueeze(-1)
+            position_ids = position_ids[:, -1:] + 1
+            if mask is not None:
+                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+        for row in rows:
+            if logprob_temperature is None:
+                row.logprobs = None
+        return rows
 
 
-class _PerRowSampling(LogitsProcessor):
-    """Draws each row's next token from its own generator, seeded by its request's `seed`, and leaves
-    that token the only one possible, for `generate` to take greedily.
+class _PerRowSampling:
+    """Draws each row's next token from its own generator, seeded by its request's `seed`.
 
-    Why not `do_sample=True`: `generate` samples every row of a batch from the one global generator,
-    so a row's draws depended on which rows shared its micro-batch, on `max_batch_size` and on how
-    many problems the run held. A custom processor cannot run after `generate`'s own temperature
-    and top-p warpers (it merges custom processors before them), so this one applies the same two
-    warpers itself before drawing: the same distribution, per row."""
+    Why not one generator for the batch (`generate`'s `do_sample=True`): a row's draws then depended
+    on which rows shared its micro-batch, on `max_batch_size` and on how many problems the run held.
+    The temperature and top-p warpers are transformers' own: the same distribution, per row."""
 
     def __init__(self, seeds: Sequence[int], temperature: float, top_p: float, device: torch.device) -> None:
         self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
@@ -387,13 +370,23 @@ class _PerRowSampling(LogitsProcessor):
         if top_p < 1.0:
             self.warpers.append(TopPLogitsWarper(top_p=top_p))
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        probs = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1)
-        drawn = torch.stack(
-            [torch.multinomial(probs[row], 1, generator=g) for row, g in enumerate(self.generators)]
+    def draw(self, scores: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        """One token per row of `scores`; `rows[i]` is the request (generator) of row i."""
+        no_ids = torch.empty(
+            (scores.shape[0], 0), dtype=torch.long, device=scores.device
+        )  # unused by both warpers
+        probs = torch.softmax(self.warpers(no_ids, scores).float(), dim=-1)
+        return torch.cat(
+            [torch.multinomial(probs[i], 1, generator=self.generators[row]) for i, row in enumerate(rows)]
         )
-        only = torch.full_like(scores, float("-inf"))
-        return only.scatter_(1, drawn, 0.0)
+
+
+@dataclass
+class _DecodedRow:
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: FinishReason = "length"
+    finished: bool = False
+    logprobs: list[float] | None = field(default_factory=list)
 
 
 class VLLMEngine:
