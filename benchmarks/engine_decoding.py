@@ -24,7 +24,7 @@ pin_cpu_kernels()  # before torch is imported: the pipeline's CPU kernels (selfc
 
 import torch  # noqa: E402
 
-from selfcest.engine import GenerationRequest, SamplingConfig, TransformersEngine  # noqa: E402
+from selfcest.engine import GenerationRequest, SamplingConfig, TransformersEngine, left_padded  # noqa: E402
 from selfcest.model import load_model  # noqa: E402
 from selfcest.prompts import root_messages  # noqa: E402
 from selfcest.tasks import task_from_record  # noqa: E402
@@ -39,12 +39,8 @@ def generate_rows(
     rows: list[list[int]] = [[] for _ in prompts]
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        width = max(len(prompts[i]) for i in chunk)
-        input_ids = torch.full((len(chunk), width), engine.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for row, index in enumerate(chunk):
-            input_ids[row, width - len(prompts[index]) :] = torch.tensor(prompts[index])
-            attention_mask[row, width - len(prompts[index]) :] = 1
+        input_ids, attention_mask = left_padded([prompts[i] for i in chunk], engine.pad_id)
+        width = input_ids.shape[1]
         with torch.no_grad():
             output = engine.model.generate(
                 input_ids=input_ids,

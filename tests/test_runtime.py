@@ -406,12 +406,7 @@ def test_stop_strings_are_matched_in_the_continuation_only(tiny_model, tiny_toke
     from selfcest.engine import GenerationRequest
 
     engine = TransformersEngine(tiny_model, tiny_tokenizer)
-    prompts = [
-        tiny_tokenizer.encode(
-            f"<|im_start|>user\nCalculate the value of {e}.<|im_end|>\n<|im_start|>assistant\n"
-        )
-        for e in ("1+2", "3+4+5")
-    ]
+    prompts = _prompts(tiny_tokenizer, ["1+2", "3+4+5"])
     never = ("\x00",)  # a stop string nothing here decodes to: the same batches, no stop
 
     def decode(ids: list[int]) -> str:

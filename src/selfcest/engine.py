@@ -161,6 +161,17 @@ def micro_batch_seed(seed: int, micro_batch: int) -> int:
     return keyed_seed(seed, micro_batch)
 
 
+def left_padded(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of a batch of prompts, each right-aligned after `pad_id`s."""
+    width = max(len(prompt) for prompt in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        attention_mask[row, width - len(prompt) :] = 1
+    return input_ids, attention_mask
+
+
 class TransformersEngine:
     """Batched, KV-cached, left-padded generation with a transformers model (CPU or GPU).
 
@@ -235,12 +246,7 @@ class TransformersEngine:
                 raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
             if not request.prompt_ids:
                 raise ValueError("empty prompt")
-        width = max(len(r.prompt_ids) for r in requests)
-        input_ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, request in enumerate(requests):
-            input_ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
-            attention_mask[row, width - len(request.prompt_ids) :] = 1
+        input_ids, attention_mask = left_padded([r.prompt_ids for r in requests], self.pad_id)
         sampler = None
         if sampling.temperature > 0:
             sampler = _PerRowSampling(
@@ -261,7 +267,7 @@ class TransformersEngine:
                 token_ids=row.tokens,
                 text=self.tokenizer.decode(row.tokens, skip_special_tokens=True),
                 finish_reason=row.finish_reason,
-                logprobs=row.logprobs,
+                logprobs=row.logprobs if sampling.return_logprobs else None,
             )
             for row in rows
         ]
@@ -309,17 +315,15 @@ class TransformersEngine:
                 .logits[:, -1]
                 .to(dtype=torch.float32)
             )
-            if sampler is None:
-                chosen = logits.argmax(-1)
-            else:
-                chosen = sampler.draw(logits, active.tolist())
+            batch_rows = active.tolist()
+            chosen = logits.argmax(-1) if sampler is None else sampler.draw(logits, batch_rows)
             if logprob_temperature is not None:
                 logprobs = torch.log_softmax(logits / logprob_temperature, dim=-1)
                 chosen_logprobs = logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist()
             live: list[int] = []  # the batch positions whose rows go on
-            for position, (index, token) in enumerate(zip(active.tolist(), chosen.tolist(), strict=True)):
+            for position, (index, token) in enumerate(zip(batch_rows, chosen.tolist(), strict=True)):
                 row = rows[index]
-                if row.finished:  # ended at an earlier step, still in the batch until it is compacted
+                if row.finish_reason is not None:  # ended at an earlier step, not yet dropped
                     continue
                 row.tokens.append(token)
                 if logprob_temperature is not None:
@@ -331,9 +335,9 @@ class TransformersEngine:
                         for stop in stop_strings
                     )
                 ):
-                    row.finish_reason, row.finished = "stop", True
+                    row.finish_reason = "stop"
                 elif len(row.tokens) >= budgets[index]:
-                    row.finish_reason, row.finished = "length", True
+                    row.finish_reason = "length"
                 else:
                     live.append(position)
             if not live:
@@ -350,9 +354,6 @@ class TransformersEngine:
             position_ids = position_ids[:, -1:] + 1
             if mask is not None:
                 mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
-        for row in rows:
-            if logprob_temperature is None:
-                row.logprobs = None
         return rows
 
 
@@ -384,9 +385,10 @@ class _PerRowSampling:
 @dataclass
 class _DecodedRow:
     tokens: list[int] = field(default_factory=list)
-    finish_reason: FinishReason = "length"
-    finished: bool = False
-    logprobs: list[float] | None = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    """None while the row runs: every row ends by its budget at the latest (`_decode` runs the
+    longest budget's steps)."""
+    logprobs: list[float] = field(default_factory=list)
 
 
 class VLLMEngine:
