@@ -967,6 +967,21 @@ def test_claim_d_at_the_floor_says_so() -> None:
     assert claim_critical_path(rows, "selfcest", "base", min_correct=1).caveat == ""
     rows = [row("base", 100, 0.4, 90, 90), row("selfcest", 100, 0.5, 70, 60)]
     assert claim_critical_path(rows, "selfcest", "base").verdict == HOLDS
+    # A failure against such a level says as little: selfcest right far more often, on a longer path
+    # than a base that answers (mostly wrongly) at once.
+    rows = [row("base", 100, 1 / 50, 14, 14), row("selfcest", 100, 0.9, 48, 48)]
+    claim = claim_critical_path(rows, "selfcest", "base")
+    assert claim.verdict == f"{FAILS} ({AT_FLOOR})"
+    assert claim_critical_path(rows, "selfcest", "base", min_correct=1).verdict == FAILS
+
+
+def test_claim_a_gives_what_each_method_spends_at_the_budget_of_its_gap() -> None:
+    """A matched budget caps both alike; the detail says how many tokens each generated under it."""
+    rows = [row("base", 256, 0.05, 53.7), row("selfcest", 256, 0.26, 137.85)]
+    detail = claim_beats_base(rows, "selfcest", "base", 0.15).detail
+    assert "there selfcest generates 137.8 tokens per problem, base 53.7 (2.57x)" in detail
+    rows[0]["gen_tokens"] = 0.0
+    assert "base 0.0." in claim_beats_base(rows, "selfcest", "base", 0.15).detail
 
 
 def test_claim_d_asks_a_whole_token_of_saving() -> None:

@@ -8,7 +8,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from scripted_policies import halving_policy, last_user
 
-from selfcest.engine import SamplingConfig, TransformersEngine, accelerator_name, resolve_device
+from selfcest.engine import (
+    GenerationRequest,
+    SamplingConfig,
+    TransformersEngine,
+    accelerator_name,
+    resolve_device,
+)
 from selfcest.prompts import CLONE_SYSTEM_PROMPT, arithmetic_question
 from selfcest.runtime import AgentRecord, Episode, Runtime, RuntimeConfig, Task, _water_fill
 from selfcest.scripted import ScriptedEngine
@@ -450,6 +456,22 @@ def test_vllm_request_seeds_of_consecutive_rounds_do_not_collide() -> None:
     assert len({seed for seeds in rounds for seed in seeds}) == 3 * 1440
     assert all(0 <= seed < 2**63 for seeds in rounds for seed in seeds)
     assert request_seeds(3, 4) == request_seeds(3, 4)
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: GenerationRequest([], 4), "prompt_ids"),
+        (lambda: GenerationRequest([1, 2], 0), "max_new_tokens"),
+        (lambda: GenerationRequest([1, 2], 4, seed=-1), "GenerationRequest.seed"),
+        (lambda: SamplingConfig(temperature=0.7, seed=-1), "SamplingConfig.seed"),
+        (lambda: SamplingConfig(temperature=-0.1), "temperature"),
+        (lambda: SamplingConfig(temperature=0.7, top_p=0.0), "top_p"),
+    ],
+)
+def test_a_bad_request_or_sampling_setting_is_refused_when_made(make, field: str) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=field):
+        make()
 
 
 def test_the_checkpoints_generation_config_does_not_leak_into_sampling(tiny_model, tiny_tokenizer) -> None:

@@ -46,6 +46,15 @@ class GenerationRequest:
     """This request's own sampling seed (`keyed_seed`): its draws then depend on it alone, not on the
     other requests of the call or the micro-batch size. None: the call's seed (`SamplingConfig.seed`)."""
 
+    def __post_init__(self) -> None:
+        # Checked when the request is made, not when its micro-batch comes up: a bad request in a call
+        # would otherwise fail only after the micro-batches before it had been decoded and counted.
+        if not self.prompt_ids:
+            raise ValueError("GenerationRequest.prompt_ids is empty")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"GenerationRequest.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        _check_seed("GenerationRequest.seed", self.seed)
+
 
 @dataclass
 class GenerationResult:
@@ -69,6 +78,21 @@ class SamplingConfig:
     `seed` (the runtime gives every request one, `keyed_seed` of this seed and the request's key)
     draws from that alone; otherwise request i of a call draws from `request_seeds(seed, n)[i]`."""
     return_logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"SamplingConfig.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
+        _check_seed("SamplingConfig.seed", self.seed)
+
+
+def _check_seed(field: str, seed: int | None) -> None:
+    """A seed is a non-negative integer. Why checked: `keyed_seed` (numpy's `SeedSequence`) refuses a
+    negative one while torch takes it, so a negative call seed worked for a one-request call and
+    failed for a longer one."""
+    if seed is not None and seed < 0:
+        raise ValueError(f"{field} must be a non-negative integer, got {seed}")
 
 
 class GenerationEngine(Protocol):
@@ -241,11 +265,6 @@ class TransformersEngine:
         stop_strings: tuple[str, ...],
         sampling: SamplingConfig,
     ) -> list[GenerationResult]:
-        for request in requests:
-            if request.max_new_tokens < 1:
-                raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
-            if not request.prompt_ids:
-                raise ValueError("empty prompt")
         input_ids, attention_mask = left_padded([r.prompt_ids for r in requests], self.pad_id)
         sampler = None
         if sampling.temperature > 0:
