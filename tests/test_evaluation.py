@@ -229,6 +229,15 @@ def test_method_specs_from_params() -> None:
         MethodSpec.from_params("x", {"sample": 4}, section="eval.models.m.x")
     with pytest.raises(ValueError):
         MethodSpec.from_params("x", {"samples": 4})  # sampling needs a temperature
+    # Sampling settings no engine takes are refused with the method's name, before any unit runs.
+    for values, setting in (
+        ({"samples": 4, "temperature": 0.7, "top_p": 0}, "top_p"),
+        ({"samples": 4, "temperature": 0.7, "top_p": 1.5}, "top_p"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+    ):
+        with pytest.raises(ValueError, match=rf"^method x: {setting} must be"):
+            MethodSpec.from_params("x", values)
     rag = MethodSpec.from_params("agentic-rag", {"mode": "rag"})
     assert rag.applies_to("qa") and not rag.applies_to("arithmetic")
     for values in ({"mode": "rag"}, {"mode": "monolithic"}, {"mode": "delegate", "datasets": ["math"]}):

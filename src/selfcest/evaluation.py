@@ -175,6 +175,17 @@ class MethodSpec:
             raise ValueError(f"method {self.name}: unknown mode {self.mode!r}")
         # An integer, or `range(2.5)` would fail in the runtime, after the cell's other units ran.
         self.samples = int_setting(self.samples, f"method {self.name}: samples", minimum=1)
+        # As `SamplingConfig` checks them, but here, before the cell's first unit, naming the method.
+        if (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, int | float)
+            or self.temperature < 0
+        ):
+            raise ValueError(
+                f"method {self.name}: temperature must be a number >= 0, got {self.temperature!r}"
+            )
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
+            raise ValueError(f"method {self.name}: top_p must be a number in (0, 1], got {self.top_p!r}")
         if self.samples > 1 and self.temperature <= 0:
             raise ValueError(f"method {self.name}: {self.samples} samples need a temperature > 0")
         # Settings a mode would accept and then not read refuse here, or the method runs as another
