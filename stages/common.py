@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from selfcest.hashing import file_sha256
+from selfcest.param_checks import int_setting
 
 __all__ = [
     "PARAMS_FILE",
@@ -36,9 +37,30 @@ SUPPORT_FILES = (Path(__file__).resolve(), Path(__file__).resolve().with_name("_
 
 
 def load_params(path: Path = PARAMS_FILE) -> dict[str, Any]:
-    """Return params.yaml as plain Python containers (interpolations resolved)."""
+    """Return params.yaml as plain Python containers (interpolations resolved).
+
+    Every `seed` in it (the top-level one and any section's own) must be a non-negative integer:
+    the engines' per-request seeds (numpy's `SeedSequence`) refuse a negative one, which would
+    otherwise stop the pipeline at its first sampled generation, after the warm-up."""
     config = OmegaConf.load(path)
-    return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
+    params = OmegaConf.to_container(config, resolve=True)
+    for where, value in _seeds(params):
+        int_setting(value, f"{path}: {where}", minimum=0)
+    return params  # type: ignore[return-value]
+
+
+def _seeds(node: Any, where: str = "") -> Iterator[tuple[str, Any]]:
+    """(params path, value) of every mapping key named `seed` under `node`."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            inner = f"{where}.{key}" if where else str(key)
+            if key == "seed":
+                yield inner, value
+            else:
+                yield from _seeds(value, inner)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _seeds(value, f"{where}.{index}")
 
 
 def write_json(path: Path | str, payload: Any) -> None:

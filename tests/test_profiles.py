@@ -414,3 +414,27 @@ def test_a_reader_that_goes_away_gets_no_traceback() -> None:
     errors = process.stderr.read().decode()
     assert process.wait(timeout=120) == 1
     assert "Traceback" not in errors, errors
+
+
+@pytest.mark.parametrize(
+    ("edit", "where"),
+    [
+        (lambda text: text.replace("seed: 42", "seed: -1", 1), "seed"),
+        (lambda text: text.replace("seed: 42", "seed: 4.5", 1), "seed"),
+        (lambda text: text.replace("qa:\n  seed: ${seed}", "qa:\n  seed: -3", 1), "qa.seed"),
+    ],
+)
+def test_every_stage_refuses_a_seed_that_is_not_a_non_negative_integer(tmp_path: Path, edit, where) -> None:  # noqa: ANN001
+    """A negative seed used to pass the data stages and the warm-up and stop at the first sampled
+    generation (numpy's SeedSequence refuses it); the stages' params reader now names it at once."""
+    from stages.common import load_params
+
+    params = tmp_path / "params.yaml"
+    text = (REPO / "params.yaml").read_text()
+    params.write_text(edit(text))
+    assert params.read_text() != text
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(params))}: {re.escape(where)}: expected an integer >= 0"
+    ):
+        load_params(params)
+    assert load_params(REPO / "params.yaml")["seed"] == 42
