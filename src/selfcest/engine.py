@@ -65,7 +65,10 @@ class GenerationResult:
     finish_reason: FinishReason
     """`stop`: an end-of-turn token or stop string; `length`: `max_new_tokens` ran out."""
     logprobs: list[float] | None = None
-    """Log-probability of each generated token under the sampling distribution (logits / temperature)."""
+    """Log-probability of each generated token under the sampling distribution (logits / temperature).
+    With top_p < 1 the two engines differ: vLLM's processed log-probabilities are renormalised over the
+    nucleus, `TransformersEngine`'s are over the whole vocabulary. No pipeline stage asks for them (GRPO
+    rescores its rollouts with the policy through TRL)."""
 
 
 @dataclass
