@@ -17,14 +17,25 @@ $(BIN)/python:
 # (there the pin resolves to the CUDA build): make repro TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
+# pip byte-compiles what it installs one file at a time; compileall does the same on every core after
+# it (pip's own run skips a file that does not compile, such as torch's Python 3.12 test helpers, and
+# so does this one: its status is ignored). Measured on 2 cores, a fresh venv: `pip install -e .`
+# 184 s; with --no-compile 64 s, then compileall 70 s. The .pyc files matter: this project's machines
+# set PYTHONDONTWRITEBYTECODE, so a package left uncompiled is compiled again by every stage's import.
+PIP_INSTALL := $(BIN)/pip install --no-compile
+SITE_PACKAGES = $(shell $(BIN)/python -c "import sysconfig; print(sysconfig.get_path('purelib'))")
+COMPILE := $(BIN)/python -m compileall -q -j 0
+
 torch: $(BIN)/python
-	$(if $(TORCH_INDEX),$(BIN)/pip install --index-url $(TORCH_INDEX) torch==2.13.0,@true)
+	$(if $(TORCH_INDEX),$(PIP_INSTALL) --index-url $(TORCH_INDEX) torch==2.13.0,@true)
 
 setup: torch
-	$(BIN)/pip install -e .
+	$(PIP_INSTALL) -e .
+	@$(COMPILE) "$(SITE_PACKAGES)" > /dev/null || true
 
 setup-dev: torch
-	$(BIN)/pip install -e ".[dev]"
+	$(PIP_INSTALL) -e ".[dev]"
+	@$(COMPILE) "$(SITE_PACKAGES)" > /dev/null || true
 
 repro: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
